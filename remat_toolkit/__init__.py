@@ -1,0 +1,33 @@
+"""remat-toolkit: choose, apply and inspect remat policies for JAX and Flax.
+
+Example:
+  >>> import remat_toolkit as rt
+  >>> rt.get_policy("save-attention").matmuls
+  'none'
+"""
+
+from remat_toolkit.catalog import get_policy
+from remat_toolkit.catalog import list_policies
+from remat_toolkit.catalog import load_policies
+from remat_toolkit.catalog import register_policy
+from remat_toolkit.context import current_policy
+from remat_toolkit.context import use_policy
+from remat_toolkit.policy import Policy
+from remat_toolkit.tags import MAXTEXT_NAMES
+from remat_toolkit.tags import VOCABULARY
+from remat_toolkit.tags import tag
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAXTEXT_NAMES",
+    "Policy",
+    "VOCABULARY",
+    "current_policy",
+    "get_policy",
+    "list_policies",
+    "load_policies",
+    "register_policy",
+    "tag",
+    "use_policy",
+]

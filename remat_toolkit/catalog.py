@@ -1,0 +1,278 @@
+"""The catalogue of named policies: built-ins, user files, lookup by name.
+
+Built-in policies are TOML files shipped with the package. Users add their own
+with :func:`load_policies` or the ``REMAT_TOOLKIT_POLICY_PATH`` variable
+(paths separated by ``os.pathsep``, each a file or a folder of ``*.toml``).
+
+Example:
+  >>> import remat_toolkit as rt
+  >>> rt.get_policy("MINIMAL").name
+  'save-projections'
+  >>> "boundary-only" in rt.list_policies()
+  True
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import threading
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from remat_toolkit.policy import MATMUL_MODES, MEMORY_KINDS, Policy, normalize_name
+
+__all__ = ["get_policy", "list_policies", "load_policies", "POLICY_PATH_ENV",
+           "builtin_policy_dir"]
+
+POLICY_PATH_ENV = "REMAT_TOOLKIT_POLICY_PATH"
+
+_FIELDS: dict[str, str] = {
+    "name": "a string",
+    "description": "a string",
+    "aliases": "a list of strings",
+    "save": "a list of checkpoint names or glob patterns",
+    "offload": "a list of checkpoint names or glob patterns",
+    "matmuls": f"one of {sorted(MATMUL_MODES)}",
+    "offload_src": f"one of {list(MEMORY_KINDS)}",
+    "offload_dst": f"one of {list(MEMORY_KINDS)}",
+    "save_everything": "true or false",
+}
+_TYPES: dict[str, type] = {
+    "name": str, "description": str, "aliases": list, "save": list,
+    "offload": list, "matmuls": str, "offload_src": str, "offload_dst": str,
+    "save_everything": bool,
+}
+
+
+def builtin_policy_dir() -> Path:
+  """Folder of the built-in policy files (wheel or source checkout)."""
+  here = Path(__file__).resolve().parent
+  installed = here / "_builtin_policies"
+  if installed.is_dir():
+    return installed
+  return here.parent / "policies"
+
+
+class _Registry:
+  """Policies by normalised name, plus aliases; updated all-or-nothing."""
+
+  def __init__(self):
+    self._lock = threading.RLock()
+    self._policies: dict[str, Policy] = {}
+    self._aliases: dict[str, str] = {}
+    self._sources: dict[str, str] = {}
+    self._loaded_env: str | None = None
+    self._builtins_loaded = False
+
+  def _ensure_loaded(self) -> None:
+    with self._lock:
+      if not self._builtins_loaded:
+        self._builtins_loaded = True
+        self.add(_read_path(builtin_policy_dir()), override=False)
+      env = os.environ.get(POLICY_PATH_ENV, "")
+      if env and env != self._loaded_env:
+        self._loaded_env = env
+        loaded: list[tuple[Policy, str]] = []
+        for part in env.split(os.pathsep):
+          if part:
+            loaded.extend(_read_path(Path(part), origin=POLICY_PATH_ENV))
+        self.add(loaded, override=True)
+
+  def add(self, items: list[tuple[Policy, str]], *, override: bool) -> None:
+    with self._lock:
+      policies = dict(self._policies)
+      aliases = dict(self._aliases)
+      sources = dict(self._sources)
+      for policy, source in items:
+        keys = [policy.key, *(normalize_name(a) for a in policy.aliases)]
+        for key in keys:
+          owner = aliases.get(key, key if key in policies else None)
+          if owner is not None and not override:
+            raise ValueError(
+                f"{source}: policy name {key!r} already exists "
+                f"(defined in {sources.get(owner, 'the catalogue')}); rename it "
+                "or load with override=True to replace it.")
+          if owner is not None and owner != policy.key:
+            _drop(owner, policies, aliases, sources)
+        if policy.key in policies:
+          _drop(policy.key, policies, aliases, sources)
+        policies[policy.key] = policy
+        sources[policy.key] = source
+        for alias in keys[1:]:
+          aliases[alias] = policy.key
+      self._policies, self._aliases, self._sources = policies, aliases, sources
+
+  def get(self, name: str) -> Policy:
+    self._ensure_loaded()
+    key = normalize_name(name)
+    with self._lock:
+      key = self._aliases.get(key, key)
+      if key in self._policies:
+        return self._policies[key]
+      valid = sorted(self._policies)
+      every = valid + sorted(self._aliases)
+    close = difflib.get_close_matches(key, every, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise ValueError(
+        f"Unknown remat policy {name!r}.{hint} Valid names: {', '.join(valid)} "
+        "(run `remat-toolkit list`, or add your own with "
+        "remat_toolkit.load_policies(path)).")
+
+  def names(self) -> list[str]:
+    self._ensure_loaded()
+    with self._lock:
+      return sorted(self._policies)
+
+  def source(self, name: str) -> str:
+    key = self.get(name).key
+    with self._lock:
+      return self._sources[key]
+
+
+def _drop(key: str, policies: dict, aliases: dict, sources: dict) -> None:
+  policies.pop(key, None)
+  sources.pop(key, None)
+  for alias in [a for a, k in aliases.items() if k == key]:
+    del aliases[alias]
+
+
+_REGISTRY = _Registry()
+
+
+def get_policy(name: str | Policy) -> Policy:
+  """Looks a policy up by name or alias (case-insensitive, ``-`` = ``_``).
+
+  Args:
+    name: a policy name or alias, or a :class:`Policy` (returned as is).
+
+  Returns:
+    The :class:`Policy`.
+
+  Raises:
+    ValueError: for an unknown name, listing the closest and all valid names.
+    TypeError: if ``name`` is neither a string nor a Policy.
+
+  Example:
+    >>> import remat_toolkit as rt
+    >>> rt.get_policy("save_qkv_proj").name
+    'save-qkv'
+  """
+  if isinstance(name, Policy):
+    return name
+  if not isinstance(name, str):
+    raise TypeError(
+        f"A policy is chosen by name (a string) or given as a "
+        f"remat_toolkit.Policy, got {name!r} of type {type(name).__name__}; "
+        "e.g. policy='save-attention'.")
+  return _REGISTRY.get(name)
+
+
+def list_policies() -> list[str]:
+  """The canonical names of every policy in the catalogue, sorted.
+
+  Example:
+    >>> import remat_toolkit as rt
+    >>> rt.list_policies()[:2]
+    ['boundary-only', 'offload-attention']
+  """
+  return _REGISTRY.names()
+
+
+def policy_source(name: str) -> str:
+  """The file a policy was read from (or ``"python"``)."""
+  return _REGISTRY.source(name)
+
+
+def load_policies(path: str | os.PathLike, *, override: bool = False
+                  ) -> list[Policy]:
+  """Adds the policies in a TOML file, or in every ``*.toml`` of a folder.
+
+  Either every policy in ``path`` is added or, on any error, none is.
+
+  Args:
+    path: a ``.toml`` file or a folder of them.
+    override: replace existing policies of the same name or alias.
+
+  Returns:
+    The policies added.
+
+  Raises:
+    FileNotFoundError: if ``path`` does not exist.
+    ValueError: for a malformed file, naming the file, the key and what was
+      expected, or a name that exists already without ``override=True``.
+  """
+  _REGISTRY._ensure_loaded()
+  items = _read_path(Path(path))
+  _REGISTRY.add(items, override=override)
+  return [p for p, _ in items]
+
+
+def register_policy(policy: Policy, *, override: bool = False) -> Policy:
+  """Adds a :class:`Policy` built in Python to the catalogue."""
+  if not isinstance(policy, Policy):
+    raise TypeError(f"register_policy takes a remat_toolkit.Policy, got {policy!r}.")
+  _REGISTRY._ensure_loaded()
+  _REGISTRY.add([(policy, "python")], override=override)
+  return policy
+
+
+def _read_path(path: Path, origin: str | None = None) -> list[tuple[Policy, str]]:
+  if not path.exists():
+    where = f" (from {origin})" if origin else ""
+    raise FileNotFoundError(
+        f"Policy path {str(path)!r}{where} does not exist; give a .toml file or "
+        "a folder of .toml files.")
+  files = sorted(path.glob("*.toml")) if path.is_dir() else [path]
+  items = [(parse_policy_file(f), str(f)) for f in files]
+  seen: dict[str, str] = {}
+  for policy, source in items:
+    for key in [policy.key, *(normalize_name(a) for a in policy.aliases)]:
+      if key in seen:
+        raise ValueError(
+            f"{source}: policy name {key!r} is also defined in {seen[key]}; "
+            "each name and alias must be unique.")
+      seen[key] = source
+  return items
+
+
+def parse_policy_file(path: str | os.PathLike) -> Policy:
+  """Reads one policy from a TOML file, validating every key.
+
+  Raises:
+    ValueError: naming the file, the key and what was expected.
+  """
+  path = Path(path)
+  try:
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+  except tomllib.TOMLDecodeError as e:
+    raise ValueError(f"{path}: not valid TOML ({e}).") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not a UTF-8 text file ({e}).") from None
+  return policy_from_mapping(data, source=str(path))
+
+
+def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy"
+                        ) -> Policy:
+  """Builds a :class:`Policy` from parsed TOML, with errors naming ``source``."""
+  unknown = sorted(set(data) - set(_FIELDS))
+  if unknown:
+    raise ValueError(
+        f"{source}: unknown key(s) {unknown}; a policy file may contain "
+        f"{', '.join(_FIELDS)}.")
+  if "name" not in data:
+    raise ValueError(f"{source}: missing key 'name' (expected {_FIELDS['name']}).")
+  for key, value in data.items():
+    if not isinstance(value, _TYPES[key]):
+      raise ValueError(
+          f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
+    if _TYPES[key] is list and not all(isinstance(v, str) for v in value):
+      raise ValueError(
+          f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
+  try:
+    return Policy(**{k: tuple(v) if isinstance(v, list) else v
+                     for k, v in data.items()})
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{source}: {e}") from None

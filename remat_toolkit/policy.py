@@ -1,0 +1,273 @@
+"""The :class:`Policy` value: what a remat region keeps, offloads or recomputes.
+
+A policy is data. It is lowered, at trace time, to exactly one of JAX's own
+policy constructors, so it means the same thing under both of JAX's remat
+implementations (``jax_remat3`` off and on).
+
+Example:
+  >>> import remat_toolkit as rt
+  >>> p = rt.Policy(name="keep-up", save=["ffn.up"])
+  >>> p.to_jax(names=["ffn.up", "ffn.down"])
+  SaveOnlyTheseNames(saveable_names=frozenset({'ffn.up'}))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import tags
+
+__all__ = ["Policy", "MATMUL_MODES", "MEMORY_KINDS", "normalize_name"]
+
+#: Values of :attr:`Policy.matmuls`.
+MATMUL_MODES: dict[str, str] = {
+    "none": "matmul outputs are not kept for their own sake",
+    "all": "keep every matmul/convolution output (jax dots_saveable)",
+    "no-batch": "keep matmul outputs without batch dimensions "
+                "(jax dots_with_no_batch_dims_saveable)",
+    "offload-no-batch": "offload matmul outputs without batch dimensions "
+                        "to host memory (jax offload_dot_with_no_batch_dims)",
+}
+
+#: Memory kinds accepted for ``offload_src`` / ``offload_dst``.
+MEMORY_KINDS: tuple[str, ...] = ("device", "pinned_host", "unpinned_host")
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def normalize_name(name: str) -> str:
+  """Canonical policy name: lower case, ``_`` and ``-`` interchangeable."""
+  return name.strip().lower().replace("_", "-")
+
+
+def _is_pattern(name: str) -> bool:
+  return any(c in _GLOB_CHARS for c in name)
+
+
+def _as_name_tuple(field: str, value: Any) -> tuple[str, ...]:
+  if isinstance(value, str) or not isinstance(value, Iterable):
+    raise TypeError(
+        f"Policy.{field} must be a list of checkpoint names or glob patterns, "
+        f"got {value!r}; write e.g. {field}=['attn.q', 'ffn.*'].")
+  items = tuple(value)
+  for item in items:
+    if not isinstance(item, str) or not item:
+      raise TypeError(
+          f"Policy.{field} entries must be non-empty strings, got {item!r} "
+          f"in {list(items)!r}.")
+  return items
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """A named remat policy, as data.
+
+  Attributes:
+    name: the policy's name (case-insensitive; ``-`` and ``_`` alike).
+    description: one line: what it costs and when to use it.
+    save: checkpoint names or glob patterns kept in device memory.
+    offload: checkpoint names or glob patterns moved to host memory.
+    matmuls: ``"none"``, ``"all"``, ``"no-batch"`` or ``"offload-no-batch"``;
+      see :data:`MATMUL_MODES`. Cannot be combined with ``save``/``offload``,
+      since no single JAX constructor expresses the union.
+    offload_src: memory kind offloaded from (default ``"device"``).
+    offload_dst: memory kind offloaded to (default ``"pinned_host"``).
+    save_everything: keep every residual (no recomputation at all).
+    aliases: other names this policy answers to.
+
+  Example:
+    >>> import remat_toolkit as rt
+    >>> rt.Policy(name="p", save=["attn.*"]).to_jax(names=["attn.q", "x"])
+    SaveOnlyTheseNames(saveable_names=frozenset({'attn.q'}))
+  """
+
+  name: str
+  description: str = ""
+  save: tuple[str, ...] = ()
+  offload: tuple[str, ...] = ()
+  matmuls: str = "none"
+  offload_src: str = "device"
+  offload_dst: str = "pinned_host"
+  save_everything: bool = False
+  aliases: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name.strip():
+      raise TypeError(f"Policy.name must be a non-empty string, got {self.name!r}.")
+    if not isinstance(self.description, str):
+      raise TypeError(
+          f"Policy.description must be a string, got {self.description!r}.")
+    object.__setattr__(self, "save", _as_name_tuple("save", self.save))
+    object.__setattr__(self, "offload", _as_name_tuple("offload", self.offload))
+    object.__setattr__(self, "aliases", _as_name_tuple("aliases", self.aliases))
+    if not isinstance(self.matmuls, str) or self.matmuls not in MATMUL_MODES:
+      raise ValueError(
+          f"Policy.matmuls must be one of {sorted(MATMUL_MODES)}, "
+          f"got {self.matmuls!r}.")
+    for field in ("offload_src", "offload_dst"):
+      value = getattr(self, field)
+      if value not in MEMORY_KINDS:
+        raise ValueError(
+            f"Policy.{field} must be one of {list(MEMORY_KINDS)}, got {value!r}.")
+    if not isinstance(self.save_everything, bool):
+      raise TypeError(
+          f"Policy.save_everything must be true or false, got "
+          f"{self.save_everything!r}.")
+    both = sorted(set(self.save) & set(self.offload))
+    if both:
+      raise ValueError(
+          f"Policy {self.name!r}: {both} appear in both save and offload; "
+          "a tensor is either kept on device or offloaded, remove it from one.")
+    if self.matmuls != "none" and (self.save or self.offload):
+      raise ValueError(
+          f"Policy {self.name!r} sets matmuls={self.matmuls!r} together with "
+          "save/offload names; no single JAX policy constructor expresses "
+          "that union (under jax_remat3 a combined callable silently "
+          "recomputes everything). Tag the matmul outputs and list their "
+          "names in save instead.")
+    if self.save_everything and (self.save or self.offload
+                                 or self.matmuls != "none"):
+      raise ValueError(
+          f"Policy {self.name!r} sets save_everything together with "
+          "save/offload/matmuls; save_everything already keeps everything.")
+
+  # ------------------------------------------------------------ queries
+
+  @property
+  def key(self) -> str:
+    """The normalised name used for lookup."""
+    return normalize_name(self.name)
+
+  @property
+  def offloads(self) -> bool:
+    """Whether this policy moves anything to host memory."""
+    return bool(self.offload) or self.matmuls == "offload-no-batch"
+
+  @property
+  def patterns(self) -> tuple[str, ...]:
+    """Every name and pattern this policy selects, kept or offloaded."""
+    return self.save + self.offload
+
+  def expand(self, names: Iterable[str] | None = None
+             ) -> tuple[frozenset[str], frozenset[str]]:
+    """Expands ``save``/``offload`` against ``names``.
+
+    Exact names are always kept; glob patterns select the matching ones.
+
+    Args:
+      names: checkpoint names present in the function; default: the
+        vocabulary, the MaxText names and every name tagged so far.
+
+    Returns:
+      ``(saved, offloaded)`` sets of concrete names.
+    """
+    pool = tags.known_names() if names is None else frozenset(names)
+    return _expand(self.save, pool), _expand(self.offload, pool)
+
+  def matches(self, name: str) -> bool:
+    """Whether checkpoint name ``name`` is selected by ``save`` or ``offload``."""
+    return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+
+  def to_jax(self, names: Iterable[str] | None = None) -> Any:
+    """Lowers to one of JAX's own policy constructors.
+
+    Args:
+      names: checkpoint names to expand glob patterns against (see
+        :meth:`expand`).
+
+    Returns:
+      A ``jax.checkpoint_policies`` policy.
+
+    Raises:
+      ValueError: if the policy offloads and ``jax_remat3`` is on (remat3
+        ignores offloading policies and would silently recompute everything),
+        or if patterns put one name in both save and offload.
+    """
+    cp = jax.checkpoint_policies
+    if self.save_everything:
+      return cp.everything_saveable
+    if self.matmuls == "all":
+      return cp.dots_saveable
+    if self.matmuls == "no-batch":
+      return cp.dots_with_no_batch_dims_saveable
+    if self.matmuls == "offload-no-batch":
+      self._require_offload_support()
+      return cp.offload_dot_with_no_batch_dims(self.offload_src, self.offload_dst)
+    saved, offloaded = self.expand(names)
+    clash = sorted(saved & offloaded)
+    if clash:
+      raise ValueError(
+          f"Policy {self.name!r}: the names {clash} match both a save and an "
+          "offload pattern; make the patterns disjoint.")
+    if offloaded:
+      self._require_offload_support()
+      return cp.save_and_offload_only_these_names(
+          names_which_can_be_saved=sorted(saved),
+          names_which_can_be_offloaded=sorted(offloaded),
+          offload_src=self.offload_src, offload_dst=self.offload_dst)
+    if saved:
+      return cp.save_only_these_names(*sorted(saved))
+    return cp.nothing_saveable
+
+  def _require_offload_support(self) -> None:
+    if internals.remat3_enabled():
+      raise ValueError(
+          f"Policy {self.name!r} offloads to host memory, but jax_remat3 is on "
+          "and it does not support offloading policies: it would silently "
+          "recompute everything instead. Turn jax_remat3 off "
+          "(jax.config.update('jax_remat3', False)) or use a policy that "
+          "saves instead of offloading.")
+
+  def describe_lowering(self, names: Iterable[str] | None = None) -> str:
+    """The JAX call this policy lowers to, as source text."""
+    if self.save_everything:
+      return "jax.checkpoint_policies.everything_saveable"
+    simple = {"all": "dots_saveable", "no-batch": "dots_with_no_batch_dims_saveable"}
+    if self.matmuls in simple:
+      return f"jax.checkpoint_policies.{simple[self.matmuls]}"
+    if self.matmuls == "offload-no-batch":
+      return ("jax.checkpoint_policies.offload_dot_with_no_batch_dims("
+              f"{self.offload_src!r}, {self.offload_dst!r})")
+    saved, offloaded = self.expand(names)
+    if offloaded:
+      return ("jax.checkpoint_policies.save_and_offload_only_these_names(\n"
+              f"    names_which_can_be_saved={sorted(saved)!r},\n"
+              f"    names_which_can_be_offloaded={sorted(offloaded)!r},\n"
+              f"    offload_src={self.offload_src!r}, offload_dst={self.offload_dst!r})")
+    if saved:
+      args = ", ".join(repr(n) for n in sorted(saved))
+      return f"jax.checkpoint_policies.save_only_these_names({args})"
+    return "jax.checkpoint_policies.nothing_saveable"
+
+  def keeps_summary(self) -> str:
+    """A short phrase for tables: what stays on device."""
+    if self.save_everything:
+      return "everything"
+    if self.matmuls in ("all", "no-batch"):
+      return {"all": "all matmul outputs",
+              "no-batch": "matmul outputs w/o batch dims"}[self.matmuls]
+    if self.save:
+      return ", ".join(self.save)
+    return "region inputs only"
+
+  def offloads_summary(self) -> str:
+    """A short phrase for tables: what goes to host memory."""
+    if self.matmuls == "offload-no-batch":
+      return "matmul outputs w/o batch dims"
+    return ", ".join(self.offload) if self.offload else "-"
+
+
+def _expand(patterns: tuple[str, ...], pool: frozenset[str]) -> frozenset[str]:
+  out: set[str] = set()
+  for p in patterns:
+    if _is_pattern(p):
+      out.update(n for n in pool if fnmatch.fnmatchcase(n, p))
+    else:
+      out.add(p)
+  return frozenset(out)
