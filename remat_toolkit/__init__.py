@@ -6,6 +6,11 @@ Example:
   'none'
 """
 
+from remat_toolkit.analysis import Comparison
+from remat_toolkit.analysis import Residual
+from remat_toolkit.analysis import ResidualReport
+from remat_toolkit.analysis import analyze
+from remat_toolkit.analysis import compare
 from remat_toolkit.catalog import get_policy
 from remat_toolkit.catalog import list_policies
 from remat_toolkit.catalog import load_policies
@@ -20,6 +25,11 @@ from remat_toolkit.tags import tag
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison",
+    "Residual",
+    "ResidualReport",
+    "analyze",
+    "compare",
     "MAXTEXT_NAMES",
     "Policy",
     "VOCABULARY",

@@ -16,6 +16,7 @@ from jax import core as jax_core
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
+from jax._src.interpreters import partial_eval as _pe
 
 try:  # remat3 lives behind hijax's call primitive; older releases lack it.
   from jax._src.hijax import call_hi_primitive_p as _call_hi_primitive_p
@@ -179,9 +180,22 @@ def module_path(eqn: JaxprEqn) -> str:
                   if isinstance(s, _source_info_util.Scope))
 
 
+_PACKAGE_DIR = __import__("os").path.dirname(__file__) + __import__("os").sep
+_MODELS_DIR = _PACKAGE_DIR + "models" + __import__("os").sep
+
+
+def _is_toolkit_plumbing(file_name: str) -> bool:
+  # Frames of the toolkit's own wrappers (tag, remat, ...) say nothing about
+  # where in the model a value was made; the built-in models do.
+  return file_name.startswith(_PACKAGE_DIR) and not file_name.startswith(_MODELS_DIR)
+
+
 def source_of(eqn: JaxprEqn) -> str:
   """``file:line (function)`` of the user frame that made ``eqn``."""
-  return _source_info_util.summarize(eqn.source_info)
+  for frame in _source_info_util.user_frames(eqn.source_info.traceback):
+    if not _is_toolkit_plumbing(frame.file_name):
+      return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+  return ""
 
 
 def memory_kind_of(aval: Any) -> str:
@@ -213,3 +227,328 @@ def is_jaxpr_var(x: Any) -> bool:
 
 def eval_jaxpr(jaxpr: Jaxpr, consts: list[Any], *args: Any) -> list[Any]:
   return jax_core.eval_jaxpr(jaxpr, consts, *args)
+
+
+# ====================================================================
+# Analysis: trace once, swap region policies, walk residuals and FLOPs.
+# ====================================================================
+
+import dataclasses as _dataclasses
+import math as _math
+
+import numpy as _np
+
+
+def trace_program(fn: Callable, leaves: list[Any]) -> tuple[ClosedJaxpr, Any]:
+  """``make_jaxpr`` of ``fn`` over flat leaves; returns (jaxpr, out shape)."""
+  return jax.make_jaxpr(fn, return_shape=True)(*leaves)
+
+
+def names_in(jaxpr: Jaxpr) -> frozenset[str]:
+  """Every checkpoint name in ``jaxpr`` and the jaxprs nested in it."""
+  found: set[str] = set()
+  stack = [jaxpr]
+  while stack:
+    j = stack.pop()
+    for eqn in j.eqns:
+      name = checkpoint_name_of(eqn)
+      if name is not None:
+        found.add(name)
+      stack.extend(sub_jaxprs(eqn))
+  return frozenset(found)
+
+
+def count_remat_regions(jaxpr: Jaxpr, marker: Any = None) -> int:
+  """Remat regions in ``jaxpr`` (only those with policy ``marker`` if given)."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if is_remat(eqn) and (marker is None or remat_policy_of(eqn) is marker):
+      total += 1
+    for sub in sub_jaxprs(eqn):
+      total += count_remat_regions(sub, marker)
+  return total
+
+
+def substitute_policy(jaxpr: Jaxpr, marker: Any,
+                      choose: Callable[[frozenset[str]], Any]) -> Jaxpr:
+  """Replaces the policy of every remat region whose policy is ``marker``.
+
+  ``choose(names_in_region)`` gives the JAX policy for each such region. The
+  rest of the program is shared, not re-traced.
+  """
+  cache: dict[int, Jaxpr] = {}
+
+  def visit(j: Jaxpr) -> Jaxpr:
+    if id(j) in cache:
+      return cache[id(j)]
+    new_eqns = []
+    changed = False
+    for eqn in j.eqns:
+      new = eqn
+      if is_remat(eqn):
+        body = remat_body_of(eqn)
+        new_body = visit(body)
+        policy = remat_policy_of(eqn)
+        if policy is marker:
+          policy = choose(names_in(body))
+        if new_body is not body or policy is not remat_policy_of(eqn):
+          new = with_remat(eqn, new_body, policy)
+      else:
+        new = map_sub_jaxprs(eqn, visit)
+      changed |= new is not eqn
+      new_eqns.append(new)
+    out = j.replace(eqns=new_eqns) if changed else j
+    cache[id(j)] = out
+    return out
+
+  return visit(jaxpr)
+
+
+def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any]
+                        ) -> tuple[ClosedJaxpr, int]:
+  """Traces forward, residuals and backward of ``jaxpr`` in one jaxpr.
+
+  Returns the step jaxpr, whose outvars are ``[loss, *residuals, *grads]``,
+  and the number of residuals.
+  """
+  def loss(*xs):
+    return eval_jaxpr(jaxpr, consts, *xs)[0]
+
+  num_res = []
+
+  def step(*xs):
+    out, vjp_fn = jax.vjp(loss, *xs)
+    res = jax.tree_util.tree_leaves(vjp_fn)
+    num_res.append(len(res))
+    grads = vjp_fn(jax.numpy.ones_like(out))
+    return out, res, grads
+
+  closed = jax.make_jaxpr(step)(*leaves)
+  # remat3 leaves dead recomputation in the traced program (XLA drops it);
+  # remove it so FLOPs count only work that runs.
+  live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
+                          instantiate=True)
+  return ClosedJaxpr(live, closed.consts), num_res[0]
+
+
+@_dataclasses.dataclass(frozen=True)
+class ResidualOrigin:
+  """Where one residual comes from, as read off the step jaxpr."""
+
+  aval: Any
+  kind: str            # "argument" | "activation"
+  name: str | None
+  primitive: str
+  module_path: str
+  source: str
+  memory_kind: str
+  stacked: int
+  arg_index: int | None
+
+
+def _producers(jaxpr: Jaxpr) -> dict[Any, JaxprEqn]:
+  return {v: e for e in jaxpr.eqns for v in e.outvars if is_jaxpr_var(v)}
+
+
+def _trace_origin(var: Any, jaxpr: Jaxpr, prefix: str, stacked: int,
+                  host: bool, producers_cache: dict[int, dict]) -> dict:
+  """Follows ``var`` through scan/jit/remat bodies to its named producer."""
+  if id(jaxpr) not in producers_cache:
+    producers_cache[id(jaxpr)] = _producers(jaxpr)
+  eqn = producers_cache[id(jaxpr)].get(var)
+  if eqn is None:  # an input of the enclosing body: the region/loop input
+    return dict(name=None, primitive="input", module_path=prefix,
+                source="", stacked=stacked, host=host)
+  path = _join(prefix, module_path(eqn))
+  name = checkpoint_name_of(eqn)
+  if name is not None:
+    return dict(name=name, primitive=_named_primitive(eqn, producers_cache,
+                                                      jaxpr),
+                module_path=path, source=source_of(eqn), stacked=stacked,
+                host=host)
+  prim = eqn.primitive.name
+  if prim == "reduce_precision" or (prim == "device_put"
+                                    and len(eqn.invars) == 1):
+    host = host or offload_destination(eqn) == "host"
+    inner = eqn.invars[0]
+    if is_jaxpr_var(inner):
+      return _trace_origin(inner, jaxpr, prefix, stacked, host, producers_cache)
+  if prim == "device_put" and len(eqn.invars) > 1:
+    host = host or offload_destination(eqn) == "host"
+    inner = eqn.invars[eqn.outvars.index(var)]
+    if is_jaxpr_var(inner):
+      return _trace_origin(inner, jaxpr, prefix, stacked, host, producers_cache)
+  index = eqn.outvars.index(var)
+  if prim == "scan":
+    body = eqn.params["jaxpr"].jaxpr
+    n_carry = eqn.params["num_carry"]
+    if index >= n_carry:  # stacked output: per-iteration value in the body
+      inner = body.outvars[index]
+      if is_jaxpr_var(inner):
+        return _trace_origin(inner, body, path, stacked * scan_length(eqn),
+                             host, producers_cache)
+  elif prim in ("pjit", "jit", "closed_call", "core_call") or is_remat(eqn):
+    subs = sub_jaxprs(eqn)
+    if len(subs) == 1 and len(subs[0].outvars) == len(eqn.outvars):
+      inner = subs[0].outvars[index]
+      if is_jaxpr_var(inner):
+        found = _trace_origin(inner, subs[0], path, stacked, host,
+                              producers_cache)
+        if found["primitive"] != "input":
+          return found
+  return dict(name=None, primitive=prim, module_path=path,
+              source=source_of(eqn), stacked=stacked, host=host)
+
+
+def _named_primitive(eqn: JaxprEqn, cache: dict, jaxpr: Jaxpr) -> str:
+  """The primitive that produced the value a checkpoint name was put on."""
+  inner = eqn.invars[0] if eqn.invars else None
+  if is_jaxpr_var(inner):
+    producer = cache[id(jaxpr)].get(inner)
+    if producer is not None:
+      return producer.primitive.name
+  return "name"
+
+
+def _join(prefix: str, path: str) -> str:
+  if not prefix:
+    return path
+  if not path or path == prefix or path.startswith(prefix + "/"):
+    return path or prefix
+  return f"{prefix}/{path}"
+
+
+def residual_origins(step: ClosedJaxpr, num_out: int, num_res: int
+                     ) -> list[ResidualOrigin]:
+  """One :class:`ResidualOrigin` per residual of a traced training step.
+
+  Mirrors ``jax.ad_checkpoint.saved_residuals`` (same residual set, same
+  order of categories) but follows names into scan, jit and remat bodies.
+  """
+  jaxpr = step.jaxpr
+  res_vars = jaxpr.outvars[num_out:num_out + num_res]
+  subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+           if e.primitive.name == "reduce_precision"}
+  invar_index = {v: i for i, v in enumerate(jaxpr.invars)}
+  cache: dict[int, dict] = {}
+  origins = []
+  seen: set[Any] = set()
+  for v in res_vars:
+    if isinstance(v, Literal):
+      origins.append(ResidualOrigin(v.aval, "activation", None, "literal", "",
+                                    "", "device", 1, None))
+      continue
+    base = subst.get(v, v)
+    if base in seen:
+      continue
+    seen.add(base)
+    if base in invar_index or base in jaxpr.constvars:
+      origins.append(ResidualOrigin(
+          base.aval, "argument", None, "argument", "", "",
+          memory_kind_of(base.aval), 1, invar_index.get(base)))
+      continue
+    found = _trace_origin(base, jaxpr, "", 1, False, cache)
+    kind = "host" if found["host"] or memory_kind_of(v.aval) == "host" else "device"
+    origins.append(ResidualOrigin(
+        v.aval, "activation", found["name"], found["primitive"],
+        found["module_path"], found["source"], kind, found["stacked"], None))
+  return origins
+
+
+def aval_nbytes(aval: Any) -> int:
+  """Bytes of an abstract value (all of it, stacked axes included)."""
+  return int(_math.prod(aval.shape)) * _np.dtype(aval.dtype).itemsize
+
+
+# ---------------------------------------------------------------- FLOPs
+
+def _dot_flops(eqn: JaxprEqn) -> int:
+  (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+  lhs = eqn.invars[0].aval
+  out = eqn.outvars[0].aval
+  k = _math.prod(lhs.shape[d] for d in lhs_contract)
+  return 2 * int(_math.prod(out.shape)) * int(k)
+
+
+def _conv_flops(eqn: JaxprEqn) -> int:
+  rhs = eqn.invars[1].aval
+  out = eqn.outvars[0].aval
+  dn = eqn.params["dimension_numbers"]
+  rhs_spec = dn.rhs_spec  # (out feature, in feature, *spatial)
+  kernel = _math.prod(rhs.shape[d] for d in rhs_spec[2:])
+  in_per_group = rhs.shape[rhs_spec[1]]
+  return 2 * int(_math.prod(out.shape)) * int(kernel) * int(in_per_group)
+
+
+def count_matmul_flops(jaxpr: Jaxpr) -> int:
+  """Matmul and convolution FLOPs of ``jaxpr``, scan bodies times trip count.
+
+  ``cond`` counts its most expensive branch; a ``while`` body counts once
+  (its trip count is not known statically).
+  """
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      total += _dot_flops(eqn)
+    elif name == "conv_general_dilated":
+      total += _conv_flops(eqn)
+    elif name == "cond":
+      total += max((count_matmul_flops(b.jaxpr)
+                    for b in eqn.params["branches"]), default=0)
+    else:
+      subs = sub_jaxprs(eqn)
+      if subs:
+        inner = sum(count_matmul_flops(s) for s in subs)
+        total += inner * scan_length(eqn)
+  return total
+
+
+def inline_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
+  """``jaxpr`` with every remat region whose policy is ``marker`` inlined.
+
+  The result is the program without those regions: what a training step
+  costs with no remat at all (under remat3, ``everything_saveable`` still
+  recomputes un-named values, so it is not that baseline).
+  """
+  cache: dict[int, Jaxpr] = {}
+
+  def visit(j: Jaxpr) -> Jaxpr:
+    if id(j) in cache:
+      return cache[id(j)]
+    env: dict[Any, Any] = {}
+
+    def sub(a):
+      return env.get(a, a) if is_jaxpr_var(a) else a
+
+    new_eqns = []
+    for eqn in j.eqns:
+      if is_remat(eqn) and remat_policy_of(eqn) is marker and _inlinable(eqn):
+        body = visit(remat_body_of(eqn))
+        benv = dict(zip(body.invars, map(sub, eqn.invars), strict=True))
+        for be in body.eqns:
+          outs = [v if isinstance(v, _core.DropVar) else Var(v.aval)
+                  for v in be.outvars]
+          benv.update(zip(be.outvars, outs, strict=True))
+          new_eqns.append(be.replace(
+              invars=[benv.get(a, a) if is_jaxpr_var(a) else a
+                      for a in be.invars], outvars=outs))
+        for ov, bv in zip(eqn.outvars, body.outvars, strict=True):
+          env[ov] = benv.get(bv, bv) if is_jaxpr_var(bv) else bv
+        continue
+      if is_remat(eqn):
+        new = with_remat(eqn, visit(remat_body_of(eqn)), remat_policy_of(eqn))
+      else:
+        new = map_sub_jaxprs(eqn, visit)
+      new_eqns.append(new.replace(invars=[sub(a) for a in new.invars]))
+    out = j.replace(eqns=new_eqns, outvars=[sub(v) for v in j.outvars])
+    cache[id(j)] = out
+    return out
+
+  return visit(jaxpr)
+
+
+def _inlinable(eqn: JaxprEqn) -> bool:
+  if eqn.primitive is remat_p:
+    return True
+  return not eqn.params["_prim"].params["jaxpr"].consts

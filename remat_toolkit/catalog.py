@@ -74,12 +74,13 @@ class _Registry:
         self.add(_read_path(builtin_policy_dir()), override=False)
       env = os.environ.get(POLICY_PATH_ENV, "")
       if env and env != self._loaded_env:
-        self._loaded_env = env
         loaded: list[tuple[Policy, str]] = []
         for part in env.split(os.pathsep):
           if part:
             loaded.extend(_read_path(Path(part), origin=POLICY_PATH_ENV))
         self.add(loaded, override=True)
+        # Only once it loaded: a bad file keeps raising until it is fixed.
+        self._loaded_env = env
 
   def add(self, items: list[tuple[Policy, str]], *, override: bool) -> None:
     with self._lock:
@@ -88,15 +89,22 @@ class _Registry:
       sources = dict(self._sources)
       for policy, source in items:
         keys = [policy.key, *(normalize_name(a) for a in policy.aliases)]
-        for key in keys:
+        for i, key in enumerate(keys):
           owner = aliases.get(key, key if key in policies else None)
-          if owner is not None and not override:
+          if owner is None:
+            continue
+          if not override:
+            field = "name" if i == 0 else "aliases"
             raise ValueError(
-                f"{source}: policy name {key!r} already exists "
+                f"{source}: key {field!r}: policy name {key!r} already exists "
                 f"(defined in {sources.get(owner, 'the catalogue')}); rename it "
                 "or load with override=True to replace it.")
-          if owner is not None and owner != policy.key:
-            _drop(owner, policies, aliases, sources)
+          # Overriding a policy's name replaces that policy; overriding one of
+          # its aliases only moves the alias, the policy itself stays.
+          if key in aliases:
+            del aliases[key]
+          else:
+            _drop(key, policies, aliases, sources)
         if policy.key in policies:
           _drop(policy.key, policies, aliases, sources)
         policies[policy.key] = policy

@@ -1,0 +1,322 @@
+"""The ``remat-toolkit`` command line.
+
+Each command is a pair of small functions: ``_add_<cmd>_parser(subparsers)``
+declares its arguments (starting from :func:`_command_parser`, which adds the
+options every command shares) and binds ``_cmd_<cmd>(args) -> int``, which
+runs it and returns the exit status. A new command is one more pair, appended
+to :data:`_PARSER_BUILDERS`.
+
+A user mistake (an unknown policy name, a malformed policy file) prints one
+line to stderr and exits with status 2, without a traceback.
+
+Example:
+  >>> import contextlib, io
+  >>> from remat_toolkit import cli
+  >>> with contextlib.redirect_stdout(io.StringIO()) as out:
+  ...   status = cli.main(["show", "minimal"])
+  >>> status, out.getvalue().splitlines()[0]
+  (0, 'save-projections  (aliases: minimal)')
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from remat_toolkit import catalog
+from remat_toolkit import tags
+from remat_toolkit.policy import Policy
+
+__all__ = ["main", "build_parser"]
+
+PROG = "remat-toolkit"
+
+#: Exceptions that mean "the user asked for something wrong", not a bug.
+_USER_ERRORS = (ValueError, FileNotFoundError)
+_GLOB_CHARS = frozenset("*?[")
+_TEXT_WIDTH = 88
+
+
+# ---------------------------------------------------------------- shared
+
+def _command_parser(subparsers: Any, name: str, *, summary: str
+                    ) -> argparse.ArgumentParser:
+  """A subcommand parser with the options every command shares."""
+  parser = subparsers.add_parser(name, help=summary, description=summary)
+  parser.add_argument(
+      "--policies", action="append", default=[], metavar="PATH",
+      help="also load the policies in this TOML file or folder, replacing "
+           "built-ins of the same name (repeatable; the "
+           f"{catalog.POLICY_PATH_ENV} variable works too)")
+  return parser
+
+
+def _load_user_policies(paths: Sequence[str]) -> None:
+  # Same precedence as REMAT_TOOLKIT_POLICY_PATH: the user's files win.
+  for path in paths:
+    catalog.load_policies(path, override=True)
+
+
+def _is_policy_file(name: str) -> bool:
+  return name.endswith(".toml") or "/" in name or "\\" in name
+
+
+def _resolve(name: str) -> tuple[Policy, str]:
+  """The policy named ``name`` (or read from the file ``name``) and its source."""
+  if _is_policy_file(name):
+    path = Path(name)
+    if not path.is_file():
+      raise FileNotFoundError(
+          f"Policy file {name!r} does not exist; give a policy name (see "
+          f"`{PROG} list`) or the path of a .toml policy file.")
+    return catalog.parse_policy_file(path), str(path)
+  return catalog.get_policy(name), catalog.policy_source(name)
+
+
+def _runs_under_remat3(policy: Policy) -> bool:
+  # Offloading lowers to closures that jax_remat3 replaces by full remat.
+  return not policy.offloads
+
+
+def _policy_record(policy: Policy, source: str) -> dict[str, Any]:
+  """Everything ``list --json`` / ``show --json`` print about one policy."""
+  return {
+      "name": policy.name,
+      "description": policy.description,
+      "aliases": list(policy.aliases),
+      "save": list(policy.save),
+      "offload": list(policy.offload),
+      "matmuls": policy.matmuls,
+      "offload_src": policy.offload_src,
+      "offload_dst": policy.offload_dst,
+      "save_everything": policy.save_everything,
+      "keeps": _keeps_cell(policy),
+      "offloads": _offloads_cell(policy),
+      "lowers_to": policy.describe_lowering(),
+      "runs_under_remat3": _runs_under_remat3(policy),
+      "source": source,
+  }
+
+
+# ---------------------------------------------------------------- table
+
+def _names_cell(names: Sequence[str]) -> str:
+  """Tag names in full; MaxText equivalents and glob patterns as counts."""
+  patterns = [n for n in names if any(c in _GLOB_CHARS for c in n)]
+  maxtext = [n for n in names if n in tags.MAXTEXT_NAMES]
+  shown = [n for n in names if n not in patterns and n not in maxtext]
+  if not shown:  # a policy written only in MaxText names: show them.
+    shown, maxtext = maxtext, []
+  extras = []
+  if maxtext:
+    extras.append(f"{len(maxtext)} MaxText name{'s' * (len(maxtext) > 1)}")
+  if patterns:
+    extras.append(f"{len(patterns)} pattern{'s' * (len(patterns) > 1)}")
+  text = ", ".join(shown)
+  return f"{text} (+{', '.join(extras)})" if extras else text
+
+
+def _keeps_cell(policy: Policy) -> str:
+  if policy.save_everything:
+    return "everything (no recomputation)"
+  if policy.matmuls == "all":
+    return "every matmul output"
+  if policy.matmuls == "no-batch":
+    return "matmul outputs without batch dims"
+  return _names_cell(policy.save) if policy.save else "region inputs only"
+
+
+def _offloads_cell(policy: Policy) -> str:
+  if policy.matmuls == "offload-no-batch":
+    return "matmul outputs without batch dims"
+  return _names_cell(policy.offload) if policy.offload else "-"
+
+
+def _render_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+                  widths: Sequence[int]) -> str:
+  """A fixed-width table; cells wrap inside their column, rows blank-separated."""
+  def line(cells: Sequence[str]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+  out = [line(headers), line(["-" * w for w in widths])]
+  for i, row in enumerate(rows):
+    wrapped = [textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
+               for cell, w in zip(row, widths, strict=True)]
+    if i:
+      out.append("")
+    for j in range(max(len(c) for c in wrapped)):
+      out.append(line([c[j] if j < len(c) else "" for c in wrapped]))
+  return "\n".join(out)
+
+
+def _policy_table(policies: Sequence[Policy], width: int) -> str:
+  # Names and aliases are never broken; long descriptions wrap instead.
+  name_w = max(len(p.name) for p in policies)
+  alias_w = max([len("aliases"), *(len(a) for p in policies for a in p.aliases)])
+  fixed = [name_w, 30, 20, alias_w]
+  trade_w = max(30, width - sum(fixed) - 2 * len(fixed))
+  rows = [[p.name, _keeps_cell(p), _offloads_cell(p), p.description or "-",
+           ", ".join(p.aliases) or "-"] for p in policies]
+  return _render_table(["name", "keeps", "offloads", "trade-off", "aliases"],
+                       rows, [*fixed[:3], trade_w, fixed[3]])
+
+
+def _terminal_width() -> int:
+  return max(100, shutil.get_terminal_size(fallback=(120, 24)).columns)
+
+
+# ---------------------------------------------------------------- list
+
+def _add_list_parser(subparsers: Any) -> None:
+  parser = _command_parser(
+      subparsers, "list",
+      summary="List the policy catalogue: what each policy keeps, offloads "
+              "and costs.")
+  parser.add_argument("--json", action="store_true",
+                      help="print a JSON array, one object per policy")
+  parser.add_argument("--width", type=int, default=None, metavar="N",
+                      help="table width in characters (default: the "
+                           "terminal's, at least 100)")
+  parser.set_defaults(run=_cmd_list)
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+  names = catalog.list_policies()
+  policies = [catalog.get_policy(n) for n in names]
+  if args.json:
+    records = [_policy_record(p, catalog.policy_source(p.name)) for p in policies]
+    print(json.dumps(records, indent=2))
+    return 0
+  print(_policy_table(policies, args.width or _terminal_width()))
+  print(f"\n{len(policies)} policies. `{PROG} show NAME` prints one in full. "
+        "Names are case-insensitive and '-' equals '_'.")
+  return 0
+
+
+# ---------------------------------------------------------------- show
+
+def _add_show_parser(subparsers: Any) -> None:
+  parser = _command_parser(
+      subparsers, "show",
+      summary="Show one policy: its fields, the file it came from, and the "
+              "JAX policy it lowers to.")
+  parser.add_argument("name", help="a policy name or alias, or the path of a "
+                                   ".toml policy file (to check it)")
+  parser.add_argument("--json", action="store_true",
+                      help="print a JSON object instead of text")
+  parser.set_defaults(run=_cmd_show)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+  policy, source = _resolve(args.name)
+  if args.json:
+    print(json.dumps(_policy_record(policy, source), indent=2))
+  else:
+    print(_describe(policy, source))
+  return 0
+
+
+def _field_lines(policy: Policy, source: str) -> list[str]:
+  fields = [
+      ("file", source),
+      ("save", ", ".join(policy.save) or "-"),
+      ("offload", ", ".join(policy.offload) or "-"),
+      ("matmuls", policy.matmuls),
+      ("save_everything", str(policy.save_everything).lower()),
+      ("offload_src", policy.offload_src),
+      ("offload_dst", policy.offload_dst),
+  ]
+  indent = " " * 18
+  return [textwrap.fill(value, _TEXT_WIDTH, initial_indent=f"  {key:<16}",
+                        subsequent_indent=indent, break_on_hyphens=False,
+                        break_long_words=False)
+          for key, value in fields]
+
+
+def _lowering_lines(policy: Policy) -> list[str]:
+  out = ["Lowers to:"]
+  if any(any(c in _GLOB_CHARS for c in n) for n in policy.patterns):
+    out[0] = ("Lowers to (glob patterns expanded here against the tag "
+              "vocabulary and MaxText names; at trace time, against the "
+              "checkpoint names in your function):")
+    out = textwrap.wrap(out[0], _TEXT_WIDTH)
+  for text in policy.describe_lowering().splitlines():
+    out.append(textwrap.fill(text, _TEXT_WIDTH, initial_indent="  ",
+                             subsequent_indent="      ",
+                             break_on_hyphens=False, break_long_words=False))
+  return out
+
+
+def _remat3_line(policy: Policy) -> str:
+  if _runs_under_remat3(policy):
+    text = ("jax_remat3: lowers to one of JAX's own policy constructors, so it "
+            "behaves the same with jax_remat3 off and on.")
+  else:
+    text = ("jax_remat3: CANNOT run under jax_remat3, which ignores offloading "
+            "policies and would silently recompute everything; Policy.to_jax() "
+            "raises ValueError while it is on. Use it with "
+            "jax.config.update('jax_remat3', False).")
+  return textwrap.fill(text, _TEXT_WIDTH)
+
+
+def _describe(policy: Policy, source: str) -> str:
+  head = policy.name
+  if policy.aliases:
+    head += f"  (aliases: {', '.join(policy.aliases)})"
+  lines = [head]
+  if policy.description:
+    lines.append(textwrap.fill(policy.description, _TEXT_WIDTH,
+                               initial_indent="  ", subsequent_indent="  "))
+  lines += ["", *_field_lines(policy, source), "", *_lowering_lines(policy),
+            "", _remat3_line(policy)]
+  return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+#: One entry per command; each adds its subparser and binds ``run``.
+_PARSER_BUILDERS: list[Callable[[Any], None]] = [
+    _add_list_parser,
+    _add_show_parser,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The argument parser with every registered command."""
+  parser = argparse.ArgumentParser(
+      prog=PROG,
+      description="Choose, apply and inspect remat (activation "
+                  "checkpointing) policies for JAX and Flax.")
+  subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+  subparsers.required = True
+  for add_parser in _PARSER_BUILDERS:
+    add_parser(subparsers)
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Runs one command and returns its exit status.
+
+  Args:
+    argv: the arguments after the program name; default ``sys.argv[1:]``.
+
+  Returns:
+    0 on success, 2 for a usage or user error (message on stderr).
+  """
+  parser = build_parser()
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:  # argparse printed the usage error or --help.
+    return e.code if isinstance(e.code, int) else 2
+  try:
+    _load_user_policies(args.policies)
+    return args.run(args)
+  except _USER_ERRORS as e:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 2

@@ -1,0 +1,126 @@
+"""Formatting shared by every report: byte sizes, FLOPs, text and HTML tables."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+__all__ = ["format_bytes", "format_flops", "text_table", "html_table", "parse_bytes"]
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_PARSE_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+
+
+def format_bytes(n: float) -> str:
+  """Human-readable binary size.
+
+  Example:
+    >>> format_bytes(33554432)
+    '32.0 MiB'
+    >>> format_bytes(512)
+    '512 B'
+  """
+  n = float(n)
+  for unit in _UNITS:
+    if abs(n) < 1024 or unit == _UNITS[-1]:
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
+  raise AssertionError("unreachable")
+
+
+def parse_bytes(value: int | str) -> int:
+  """Bytes from an int or a size string such as ``"8GiB"`` or ``"1.5 GB"``.
+
+  Raises:
+    ValueError: if the string is not a size.
+    TypeError: if the value is neither int nor str.
+
+  Example:
+    >>> parse_bytes("8GiB")
+    8589934592
+    >>> parse_bytes(1024)
+    1024
+  """
+  if isinstance(value, bool) or not isinstance(value, (int, str)):
+    raise TypeError(
+        f"A memory size must be an int (bytes) or a string like '8GiB', got "
+        f"{value!r} of type {type(value).__name__}.")
+  if isinstance(value, int):
+    if value < 0:
+      raise ValueError(f"A memory size cannot be negative, got {value}.")
+    return value
+  text = value.strip().lower().replace(" ", "")
+  number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+  unit = text[len(number):] or "b"
+  try:
+    amount = float(number)
+  except ValueError:
+    amount = None
+  if amount is None or unit not in _PARSE_UNITS or amount < 0:
+    raise ValueError(
+        f"{value!r} is not a memory size; write bytes as an int or a string "
+        "such as '512MiB', '8GiB' or '1.5GB'.")
+  return int(amount * _PARSE_UNITS[unit])
+
+
+def format_flops(n: float) -> str:
+  """Human-readable FLOP count.
+
+  Example:
+    >>> format_flops(2.5e12)
+    '2.50 TFLOP'
+  """
+  n = float(n)
+  for unit in ("", "K", "M", "G", "T", "P", "E"):
+    if abs(n) < 1000 or unit == "E":
+      return f"{n:.0f} FLOP" if unit == "" else f"{n:.2f} {unit}FLOP"
+    n /= 1000
+  raise AssertionError("unreachable")
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+               *, right: Sequence[bool] | None = None) -> str:
+  """A fixed-width table; numeric-looking columns can be right-aligned.
+
+  Example:
+    >>> print(text_table(["a", "b"], [["x", 1]], right=[False, True]))
+    a  b
+    -  -
+    x  1
+  """
+  cells = [[str(c) for c in row] for row in rows]
+  widths = [max([len(h)] + [len(r[i]) for r in cells])
+            for i, h in enumerate(headers)]
+  right = list(right) if right is not None else [False] * len(headers)
+
+  def fmt(row):
+    parts = [c.rjust(w) if r else c.ljust(w)
+             for c, w, r in zip(row, widths, right, strict=True)]
+    return "  ".join(parts).rstrip()
+
+  lines = [fmt(headers), fmt(["-" * w for w in widths])]
+  lines.extend(fmt(r) for r in cells)
+  return "\n".join(lines)
+
+
+def html_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
+               *, caption: str | None = None,
+               highlight: Sequence[bool] | None = None) -> str:
+  """A plain HTML table for notebooks (``highlight`` bolds whole rows)."""
+  out = ['<table style="border-collapse:collapse;font-family:monospace">']
+  if caption:
+    out.append(f"<caption style='text-align:left'>{html.escape(caption)}</caption>")
+  out.append("<thead><tr>" + "".join(
+      f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>"
+      for h in headers) + "</tr></thead><tbody>")
+  for i, row in enumerate(rows):
+    bold = highlight is not None and highlight[i]
+    style = "padding:2px 8px" + (";font-weight:bold" if bold else "")
+    out.append("<tr>" + "".join(
+        f"<td style='{style}'>{html.escape(str(c))}</td>" for c in row) + "</tr>")
+  out.append("</tbody></table>")
+  return "".join(out)

@@ -1,0 +1,375 @@
+"""Remat regions with named policies: :func:`remat` and :func:`remat_region`.
+
+Every region decides its JAX policy when it is traced, not when it is
+declared: ``policy=None`` reads the ambient policy (``rt.use_policy``), and a
+named policy's glob patterns are expanded against the checkpoint names the
+region actually contains, so what reaches JAX is always one of its own policy
+constructors (honoured under ``jax_remat3`` as well).
+
+To know the names before choosing the policy, a region whose policy has name
+patterns is traced once with ``jax.make_jaxpr`` (model code runs once), its
+names are read off the jaxpr, and the jaxpr is replayed inside a single
+``jax.checkpoint`` with the lowered policy. Regions whose policy has no
+patterns, and every region while the analyzer overrides ambient regions, go
+straight to ``jax.checkpoint``.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import remat_toolkit as rt
+  >>> @rt.remat(policy="save-ffn")
+  ... def ffn(w, x):
+  ...   return jnp.tanh(rt.tag(x @ w, "ffn.up")) @ w.T
+  >>> w, x = jnp.ones((4, 8)), jnp.ones((2, 4))
+  >>> jax.grad(lambda w: ffn(w, x).sum())(w).shape
+  (4, 8)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import context
+from remat_toolkit import tags
+from remat_toolkit.policy import Policy
+
+__all__ = ["remat", "remat_region"]
+
+
+# ---------------------------------------------------------------- settings
+
+@dataclasses.dataclass(frozen=True)
+class _RegionSpec:
+  """What one region needs at trace time, fixed when it is declared."""
+
+  policy: Any
+  prevent_cse: bool
+  static_argnums: tuple[int, ...]
+  static_argnames: tuple[str, ...]
+  where: str
+
+
+def _validate_policy(policy: Any, where: str) -> None:
+  """Fails at declaration time for a bad policy; resolution waits for tracing."""
+  if policy is None:
+    return
+  if isinstance(policy, (str, Policy)) or callable(policy):
+    context.resolve(policy)  # unknown name -> ValueError with suggestions
+    return
+  raise TypeError(
+      f"policy for {where} must be a policy name, a remat_toolkit.Policy, a "
+      f"jax.checkpoint_policies policy or None, got {policy!r}; e.g. "
+      "policy='save-attention'.")
+
+
+def _normalize_static_argnums(static_argnums: int | Sequence[int], where: str
+                              ) -> tuple[int, ...]:
+  if isinstance(static_argnums, (int, np.integer)) and not isinstance(
+      static_argnums, bool):
+    static_argnums = (int(static_argnums),)
+  if isinstance(static_argnums, (str, bytes)) or not isinstance(
+      static_argnums, Sequence):
+    raise TypeError(
+        f"static_argnums for {where} must be an int or a tuple of ints, got "
+        f"{static_argnums!r}; e.g. static_argnums=(1,).")
+  out = []
+  for i in static_argnums:
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+      raise TypeError(
+          f"static_argnums for {where} must hold ints, got {i!r} in "
+          f"{tuple(static_argnums)!r}.")
+    if i < 0:
+      raise ValueError(
+          f"static_argnums for {where} must be non-negative positions of the "
+          f"call's own arguments (self not counted), got {i}.")
+    out.append(int(i))
+  return tuple(sorted(set(out)))
+
+
+# ---------------------------------------------------------------- arguments
+
+def _is_array(x: Any) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _require_hashable(value: Any, label: str, where: str) -> None:
+  try:
+    hash(value)
+  except TypeError:
+    fix = ("pass it as a traced argument (drop it from static_argnums)"
+           if _is_array(value) else
+           "pass a hashable value (a tuple instead of a list, a frozen "
+           "dataclass), or drop it from static_argnums to trace it")
+    raise TypeError(
+        f"{label} of {where} is static but unhashable: {value!r} of type "
+        f"{type(value).__name__}; static arguments are specialised on by "
+        f"value, so {fix}.") from None
+
+
+def _split_static(spec: _RegionSpec, args: tuple, kwargs: dict
+                  ) -> tuple[list[Any], Callable[[list[Any]], tuple[tuple, dict]]]:
+  """Splits a call into traced array leaves and a function that rebuilds it.
+
+  Arguments named by ``static_argnums`` stay whole and must be hashable;
+  elsewhere every leaf that is not an array (Python bool, int, float, None,
+  str, ...) is static, like ``equinox.filter_checkpoint``.
+  """
+  for i in spec.static_argnums:
+    if i < len(args):
+      _require_hashable(args[i], f"positional argument {i}", spec.where)
+  for name in spec.static_argnames:
+    if name in kwargs:
+      _require_hashable(kwargs[name], f"argument {name!r}", spec.where)
+  whole_static_pos = {i for i in spec.static_argnums if i < len(args)}
+  whole_static_kw = {k for k in spec.static_argnames if k in kwargs}
+  traced_args = tuple(None if i in whole_static_pos else a
+                      for i, a in enumerate(args))
+  traced_kwargs = {k: None if k in whole_static_kw else v
+                   for k, v in kwargs.items()}
+  leaves, treedef = jax.tree_util.tree_flatten((traced_args, traced_kwargs))
+  is_dyn = [_is_array(leaf) for leaf in leaves]
+  dynamic = [leaf for leaf, d in zip(leaves, is_dyn, strict=True) if d]
+
+  def rebuild(new_dynamic: list[Any]) -> tuple[tuple, dict]:
+    it = iter(new_dynamic)
+    merged = [next(it) if d else leaf
+              for leaf, d in zip(leaves, is_dyn, strict=True)]
+    a, kw = jax.tree_util.tree_unflatten(treedef, merged)
+    a = tuple(args[i] if i in whole_static_pos else x for i, x in enumerate(a))
+    kw = {k: kwargs[k] if k in whole_static_kw else v for k, v in kw.items()}
+    return a, kw
+
+  return dynamic, rebuild
+
+
+# ---------------------------------------------------------------- the region
+
+def _names_decide_policy(policy: Any) -> bool:
+  """Whether this region's lowering (or its warning) depends on its names."""
+  if context._region_override.get() is not None:
+    # The analyzer re-uses one trace per policy: no discovery trace here.
+    return False
+  resolved = context.resolve(policy if policy is not None
+                             else context.current_policy())
+  return isinstance(resolved, Policy) and bool(resolved.patterns)
+
+
+def _checkpoint_pure(pure: Callable[..., Any], spec: _RegionSpec,
+                     prefix: tuple, args: tuple, kwargs: dict) -> Any:
+  """``pure(*prefix, *args, **kwargs)`` as exactly one remat region.
+
+  ``prefix`` holds pytrees of arrays that are always traced (a linen
+  module's variables and rngs, an NNX module's state).
+  """
+  dynamic, rebuild = _split_static(spec, args, kwargs)
+
+  def body(prefix_, dynamic_):
+    a, kw = rebuild(dynamic_)
+    return pure(*prefix_, *a, **kw)
+
+  inputs = (prefix, dynamic)
+  names = None
+  if _names_decide_policy(spec.policy):
+    leaves = jax.tree_util.tree_leaves(inputs)
+    in_tree = jax.tree_util.tree_structure(inputs)
+    closed, out_shape = jax.make_jaxpr(
+        lambda *xs: body(*jax.tree_util.tree_unflatten(in_tree, xs)),
+        return_shape=True)(*leaves)
+    names = internals.names_in(closed.jaxpr)
+    context.warn_if_unmatched(spec.policy, names, spec.where)
+    body = _replay(closed, jax.tree_util.tree_structure(out_shape))
+  jax_policy = context.region_policy(
+      spec.policy, tags.known_names() if names is None else names)
+  return jax.checkpoint(body, policy=jax_policy,
+                        prevent_cse=spec.prevent_cse)(*inputs)
+
+
+def _replay(closed: Any, out_tree: Any) -> Callable[..., Any]:
+  """Re-emits a traced region without running the model's Python again."""
+
+  def replayed(*inputs):
+    outs = internals.eval_jaxpr(closed.jaxpr, closed.consts,
+                                *jax.tree_util.tree_leaves(inputs))
+    return jax.tree_util.tree_unflatten(out_tree, outs)
+
+  return replayed
+
+
+# -------------------------------------------------------------- linen lifting
+
+def _linen_transform(scope_target: Callable[..., Any], *, spec: _RegionSpec
+                     ) -> Callable[..., Any]:
+  """A lifted remat like ``flax.core.lift.checkpoint``, deciding at trace time.
+
+  The module body runs on variables and rngs passed in as values, so the
+  region is a pure function: discovering its names has no side effect on
+  the outer scope, and dropout draws the same keys in the recompute.
+  """
+  from flax.core import lift  # local: linen is optional for plain functions
+
+  def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs):
+    def pure(variable_groups_, rng_groups_, *args_, **kwargs_):
+      scope = scope_fn(variable_groups_, rng_groups_)
+      y = scope_target(scope, *args_, **kwargs_)
+      return y, repack_fn(scope)
+
+    return _checkpoint_pure(pure, spec, (variable_groups, rng_groups),
+                            args, kwargs)
+
+  return lift.pack(inner, (True,), (True,), (True,), name="remat",
+                   enable_kwargs=True)
+
+
+# Flax names a lifted class ``transform.__name__.capitalize() + cls.__name__``.
+_linen_transform.__name__ = "remat"
+
+
+def _is_linen_module(x: Any) -> bool:
+  from flax import linen as nn
+  return isinstance(x, nn.Module)
+
+
+def _is_nnx_node(x: Any) -> bool:
+  from flax import nnx
+  return nnx.graph.is_graph_node(x)
+
+
+# --------------------------------------------------------------- NNX lifting
+
+@dataclasses.dataclass(frozen=True)
+class _NodeSlot:
+  """Stands for the i-th NNX graph node of a call while it is traced."""
+
+  index: int
+
+
+def _call_nnx(fn: Callable[..., Any], spec: _RegionSpec, args: tuple,
+              kwargs: dict) -> Any:
+  """Runs ``fn`` on NNX modules as one region, like ``nnx.remat``.
+
+  The modules are split into graph definition and state; the region is a
+  pure function of the state that returns the updated state, which is
+  written back afterwards (rng counters, batch statistics, ``sow``).
+  """
+  from flax import nnx
+
+  nodes: list[Any] = []
+
+  def to_slot(x):
+    if _is_nnx_node(x):
+      nodes.append(x)
+      return _NodeSlot(len(nodes) - 1)
+    return x
+
+  slotted_args, slotted_kwargs = jax.tree_util.tree_map(
+      to_slot, (args, kwargs), is_leaf=_is_nnx_node)
+  graphdef, state = nnx.split(tuple(nodes))
+
+  def pure(state_, *args_, **kwargs_):
+    live = nnx.merge(graphdef, state_)
+
+    def from_slot(x):
+      return live[x.index] if isinstance(x, _NodeSlot) else x
+
+    a, kw = jax.tree_util.tree_map(
+        from_slot, (args_, kwargs_), is_leaf=lambda x: isinstance(x, _NodeSlot))
+    out = fn(*a, **kw)
+    new_graphdef, new_state = nnx.split(live)
+    if new_graphdef != graphdef:
+      raise ValueError(
+          f"{spec.where} changed the structure of its NNX modules (added or "
+          "removed submodules or variables) inside a remat region; create "
+          "them before the call, e.g. in __init__.")
+    return out, new_state
+
+  out, new_state = _checkpoint_pure(pure, spec, (state,), slotted_args,
+                                    slotted_kwargs)
+  nnx.update(tuple(nodes), new_state)
+  return out
+
+
+# ---------------------------------------------------------------- public API
+
+def remat_region(fn: Callable[..., Any], *, policy: Any = None,
+                 prevent_cse: bool = True,
+                 static_argnums: int | Sequence[int] = (),
+                 where: str = "a remat region") -> Callable[..., Any]:
+  """Makes ``g`` with ``g(*args) == fn(*args)``, computed in ONE remat region.
+
+  The region's JAX policy is resolved when ``g`` is called (trace time) with
+  ``context.region_policy(policy, names)``, ``names`` being the checkpoint
+  names the region contains. If ``args[0]`` is a bound linen Module the region
+  is a Flax lifted remat (variables and rngs work, dropout masks repeat in the
+  recompute); if any argument is an NNX graph node the modules' state is
+  lifted like ``nnx.remat`` does; otherwise it is a ``jax.checkpoint``.
+
+  Args:
+    fn: the function; may take a linen Module or NNX modules as arguments.
+    policy: a policy name, :class:`Policy`, raw JAX policy, or None for the
+      ambient policy (read at trace time).
+    prevent_cse: passed to ``jax.checkpoint``.
+    static_argnums: positions of ``fn``'s own arguments that are static,
+      not counting a leading linen or NNX module. Non-array leaves (Python
+      scalars, None, strings) are static anyway.
+    where: how warnings and errors name this region.
+
+  Returns:
+    The wrapped function.
+
+  Raises:
+    ValueError: for an unknown policy name or a negative static position.
+    TypeError: for a policy or ``static_argnums`` of the wrong type.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> from remat_toolkit.transform import remat_region
+    >>> g = remat_region(lambda x: jnp.sin(jnp.sin(x)), policy="boundary-only")
+    >>> float(jax.grad(g)(0.0))
+    1.0
+  """
+  _validate_policy(policy, where)
+  spec = _RegionSpec(policy=policy, prevent_cse=bool(prevent_cse),
+                     static_argnums=_normalize_static_argnums(static_argnums,
+                                                              where),
+                     static_argnames=(), where=where)
+  return _region_from_spec(fn, spec)
+
+
+def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
+                      ) -> Callable[..., Any]:
+  lifted_linen = None
+
+  @functools.wraps(fn)
+  def region(*args, **kwargs):
+    nonlocal lifted_linen
+    if args and _is_linen_module(args[0]):
+      if lifted_linen is None:
+        from flax.linen import transforms as linen_transforms
+        lifted_linen = linen_transforms.decorator_lift_transform(
+            _linen_transform, fn, spec=spec)
+      return lifted_linen(*args, **kwargs)
+    nnx_call = args and _is_nnx_node(args[0])
+    if nnx_call or any(_is_nnx_node(x) for x in jax.tree_util.tree_leaves(
+        (args, kwargs), is_leaf=_is_nnx_node)):
+      head = 1 if nnx_call else 0
+      shifted = dataclasses.replace(
+          spec, static_argnums=tuple(i + head for i in spec.static_argnums))
+      return _call_nnx(fn, shifted, args, kwargs)
+    return _checkpoint_pure(fn, spec, (), args, kwargs)
+
+  return region
+
+
+def remat(target: Any = None, policy: Any = None, *,
+          static_argnums: int | Sequence[int] = (),
+          prevent_cse: bool | None = None) -> Any:
+  """Placeholder replaced below; see the module docstring."""
+  raise NotImplementedError
