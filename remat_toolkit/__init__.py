@@ -11,16 +11,28 @@ from remat_toolkit.analysis import Residual
 from remat_toolkit.analysis import ResidualReport
 from remat_toolkit.analysis import analyze
 from remat_toolkit.analysis import compare
+from remat_toolkit.bench import BatchFit
+from remat_toolkit.bench import BatchSearch
+from remat_toolkit.bench import BenchRecord
+from remat_toolkit.bench import BenchResult
+from remat_toolkit.bench import bench
+from remat_toolkit.bench import largest_batch
 from remat_toolkit.catalog import get_policy
 from remat_toolkit.catalog import list_policies
 from remat_toolkit.catalog import load_policies
 from remat_toolkit.catalog import register_policy
 from remat_toolkit.context import current_policy
 from remat_toolkit.context import use_policy
+from remat_toolkit.grouping import nnx_scan_layers
+from remat_toolkit.grouping import remat_chain
+from remat_toolkit.grouping import scan_layers
 from remat_toolkit.policy import Policy
 from remat_toolkit.tags import MAXTEXT_NAMES
 from remat_toolkit.tags import VOCABULARY
 from remat_toolkit.tags import tag
+from remat_toolkit.transform import remat
+from remat_toolkit.verify import Verification
+from remat_toolkit.verify import verify
 
 __version__ = "0.1.0"
 
@@ -30,6 +42,12 @@ __all__ = [
     "ResidualReport",
     "analyze",
     "compare",
+    "BatchFit",
+    "BatchSearch",
+    "BenchRecord",
+    "BenchResult",
+    "bench",
+    "largest_batch",
     "MAXTEXT_NAMES",
     "Policy",
     "VOCABULARY",
@@ -37,7 +55,13 @@ __all__ = [
     "get_policy",
     "list_policies",
     "load_policies",
+    "nnx_scan_layers",
     "register_policy",
+    "remat",
+    "remat_chain",
+    "scan_layers",
     "tag",
     "use_policy",
+    "Verification",
+    "verify",
 ]

@@ -304,31 +304,58 @@ def substitute_policy(jaxpr: Jaxpr, marker: Any,
   return visit(jaxpr)
 
 
-def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any]
-                        ) -> tuple[ClosedJaxpr, int]:
-  """Traces forward, residuals and backward of ``jaxpr`` in one jaxpr.
+@_dataclasses.dataclass(frozen=True)
+class TracedStep:
+  """Forward pass with residuals, plus what the backward pass costs.
 
-  Returns the step jaxpr, whose outvars are ``[loss, *residuals, *grads]``,
-  and the number of residuals.
+  ``jaxpr`` has outvars ``[loss, *residuals]``; ``backward_flops`` counts the
+  matmul FLOPs of the backward pass, recomputation included.
+  """
+
+  jaxpr: ClosedJaxpr
+  num_residuals: int
+  backward_flops: int
+
+
+def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
+                        forward_flops: int) -> TracedStep:
+  """Traces ``jax.vjp`` of ``jaxpr`` and measures its backward pass.
+
+  Under remat2 the backward cost is read off the linearized jaxpr JAX keeps
+  in the VJP (each linear matmul transposes to one matmul of equal cost, and
+  remat regions carry their recomputation), so the backward pass is never
+  traced. remat3 hides its linear program inside an opaque primitive, so
+  there the backward pass is traced and dead code dropped.
   """
   def loss(*xs):
     return eval_jaxpr(jaxpr, consts, *xs)[0]
 
-  num_res = []
+  captured: list[Any] = []
 
+  def forward(*xs):
+    out, vjp_fn = jax.vjp(loss, *xs)
+    captured.append(vjp_fn)
+    return out, jax.tree_util.tree_leaves(vjp_fn)
+
+  closed = jax.make_jaxpr(forward)(*leaves)
+  num_res = len(closed.jaxpr.outvars) - 1
+  linear = getattr(captured[0], "jaxpr", None)
+  if linear is not None and not remat3_enabled():
+    return TracedStep(closed, num_res, count_matmul_flops(linear))
+  return TracedStep(closed, num_res,
+                    _traced_step_flops(loss, leaves) - forward_flops)
+
+
+def _traced_step_flops(loss: Callable, leaves: list[Any]) -> int:
   def step(*xs):
     out, vjp_fn = jax.vjp(loss, *xs)
-    res = jax.tree_util.tree_leaves(vjp_fn)
-    num_res.append(len(res))
-    grads = vjp_fn(jax.numpy.ones_like(out))
-    return out, res, grads
+    return out, vjp_fn(jax.numpy.ones_like(out))
 
   closed = jax.make_jaxpr(step)(*leaves)
-  # remat3 leaves dead recomputation in the traced program (XLA drops it);
-  # remove it so FLOPs count only work that runs.
+  # remat3 leaves dead recomputation in the traced program (XLA drops it).
   live, _ = _pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
                           instantiate=True)
-  return ClosedJaxpr(live, closed.consts), num_res[0]
+  return count_matmul_flops(live)
 
 
 @_dataclasses.dataclass(frozen=True)
@@ -552,3 +579,237 @@ def _inlinable(eqn: JaxprEqn) -> bool:
   if eqn.primitive is remat_p:
     return True
   return not eqn.params["_prim"].params["jaxpr"].consts
+
+
+# ====================================================================
+# Verification and sharding: effects in regions, trace identity,
+# remat-free reference programs, residual variables.
+# ====================================================================
+
+#: Host-callback primitives: their Python function runs again whenever the
+#: region around them is recomputed (``pure_callback`` carries no effect).
+CALLBACK_PRIMITIVES: frozenset[str] = frozenset(
+    {"debug_callback", "debug_print", "io_callback", "pure_callback",
+     "callback"})
+
+
+@_dataclasses.dataclass(frozen=True)
+class EffectSite:
+  """An effectful or host-callback equation found inside a remat region."""
+
+  primitive: str
+  effects: tuple[str, ...]
+  module_path: str
+  source: str
+
+
+def _effect_names(eqn: JaxprEqn) -> tuple[str, ...]:
+  return tuple(sorted(type(e).__name__ for e in eqn.effects))
+
+
+def _sites_in(jaxpr: Jaxpr, out: list[EffectSite]) -> None:
+  for eqn in jaxpr.eqns:
+    if eqn.effects or eqn.primitive.name in CALLBACK_PRIMITIVES:
+      subs = sub_jaxprs(eqn)
+      if not subs:  # the effect itself, not a call/scan that carries it
+        out.append(EffectSite(eqn.primitive.name, _effect_names(eqn),
+                              module_path(eqn), source_of(eqn)))
+    for sub in sub_jaxprs(eqn):
+      _sites_in(sub, out)
+
+
+def effects_in_remat_regions(jaxpr: Jaxpr) -> list[EffectSite]:
+  """Effectful and host-callback equations inside any remat region.
+
+  Each runs once in the forward pass and again whenever the backward pass
+  recomputes its region (``jax.debug.print`` prints twice). Nested regions
+  are searched once, from the outermost.
+  """
+  found: list[EffectSite] = []
+  for eqn in jaxpr.eqns:
+    if is_remat(eqn):
+      _sites_in(remat_body_of(eqn), found)
+    else:
+      for sub in sub_jaxprs(eqn):
+        found.extend(effects_in_remat_regions(sub))
+  return found
+
+
+def trace_difference(a: ClosedJaxpr, b: ClosedJaxpr) -> str | None:
+  """How two traces of one function differ; None when structurally equal.
+
+  Compares the printed programs (variables are numbered in order, object
+  addresses are masked by JAX's printer, literals are printed by value) and
+  then the captured constants by value.
+  """
+  lines_a, lines_b = str(a.jaxpr).splitlines(), str(b.jaxpr).splitlines()
+  for i, (la, lb) in enumerate(zip(lines_a, lines_b)):
+    if la != lb:
+      return f"line {i + 1}: {la.strip()!r} then {lb.strip()!r}"
+  if len(lines_a) != len(lines_b):
+    return (f"the first trace has {len(lines_a)} lines, the second "
+            f"{len(lines_b)}")
+  for i, (ca, cb) in enumerate(zip(a.consts, b.consts, strict=True)):
+    xa, xb = _np.asarray(ca), _np.asarray(cb)
+    if xa.shape != xb.shape or xa.dtype != xb.dtype or not _np.array_equal(
+        xa, xb, equal_nan=True):
+      return f"captured constant {i} ({xa.dtype}{list(xa.shape)}) changed value"
+  return None
+
+
+def _set_every_region_policy(jaxpr: Jaxpr, policy: Any) -> Jaxpr:
+  cache: dict[int, Jaxpr] = {}
+
+  def visit(j: Jaxpr) -> Jaxpr:
+    if id(j) not in cache:
+      eqns = [with_remat(e, visit(remat_body_of(e)), policy) if is_remat(e)
+              else map_sub_jaxprs(e, visit) for e in j.eqns]
+      cache[id(j)] = j.replace(eqns=eqns)
+    return cache[id(j)]
+
+  return visit(jaxpr)
+
+
+def strip_remat(jaxpr: Jaxpr) -> tuple[Jaxpr, int]:
+  """``jaxpr`` without any remat region: the program with no recomputation.
+
+  Every region (ambient or with its own policy) is inlined. A remat3 region
+  whose body captured constants cannot be inlined; it gets
+  ``everything_saveable`` instead (which under remat3 still recomputes
+  un-named values, so it is counted).
+
+  Returns:
+    ``(jaxpr, regions_left)``.
+  """
+  marker = SaveOnlyTheseNames(frozenset({"__remat_toolkit_strip__"}))
+  inlined = inline_regions(_set_every_region_policy(jaxpr, marker), marker)
+  left = count_remat_regions(inlined, marker)
+  if left:
+    inlined = substitute_policy(inlined, marker,
+                                lambda _: _ad_checkpoint.everything_saveable)
+  return inlined, left
+
+
+def float_dtypes_in(jaxpr: Jaxpr) -> frozenset[Any]:
+  """The floating-point dtypes computed anywhere in ``jaxpr``."""
+  found: set[Any] = set()
+  stack = [jaxpr]
+  while stack:
+    j = stack.pop()
+    for eqn in j.eqns:
+      for v in eqn.outvars:
+        dtype = getattr(v.aval, "dtype", None)
+        if dtype is not None and _np.issubdtype(dtype, _np.inexact):
+          found.add(_np.dtype(dtype))
+      stack.extend(sub_jaxprs(eqn))
+  return frozenset(found)
+
+
+def residual_vars(step: ClosedJaxpr, num_out: int, num_res: int) -> list[Any]:
+  """The step's residual variables, one per :func:`residual_origins` entry.
+
+  Same order and de-duplication as :func:`residual_origins` (a
+  ``reduce_precision`` copy counts as its input), so the i-th variable is
+  the i-th residual.
+  """
+  jaxpr = step.jaxpr
+  subst = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+           if e.primitive.name == "reduce_precision"}
+  out: list[Any] = []
+  seen: set[Any] = set()
+  for v in jaxpr.outvars[num_out:num_out + num_res]:
+    if isinstance(v, Literal):
+      out.append(v)
+      continue
+    base = subst.get(v, v)
+    if base in seen:
+      continue
+    seen.add(base)
+    out.append(base if (base in jaxpr.invars or base in jaxpr.constvars) else v)
+  return out
+
+
+def residual_shardings(step: ClosedJaxpr, variables: list[Any],
+                       leaves: list[Any]) -> list[Any]:
+  """The sharding XLA gives each of ``variables`` of the traced step.
+
+  Compiles the step's forward part with those variables as outputs, the
+  arguments sharded as ``leaves`` say (their ``sharding``), and the output
+  shardings left to XLA's sharding propagation: what a jitted training step
+  holds on each device. A literal gets ``None``.
+  """
+  outs = [v for v in variables if not isinstance(v, Literal)]
+  forward, _ = _pe.dce_jaxpr(step.jaxpr.replace(outvars=outs),
+                             [True] * len(outs), instantiate=True)
+  consts = step.consts
+
+  def run(*xs):
+    return eval_jaxpr(forward, consts, *xs)
+
+  compiled = jax.jit(run).lower(*leaves).compile()
+  shardings = iter(compiled.output_shardings)
+  return [None if isinstance(v, Literal) else next(shardings) for v in variables]
+
+
+def share_identical_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
+  """Makes structurally identical remat bodies one shared jaxpr object.
+
+  The unrolled layers of a model trace to equal bodies that differ only in
+  their module scope (``layers_3/...``). Moving that scope onto the remat
+  equation and sharing one body lets JAX's own per-jaxpr caches (JVP,
+  partial evaluation) serve every layer, so analysing another policy costs
+  one layer's work instead of one per layer. Module paths are unchanged:
+  JAX prefixes the equation's name stack when it evaluates the body.
+  """
+  if remat3_enabled():
+    return jaxpr  # remat3 re-traces regions itself; sharing buys nothing.
+  shared: dict[str, Jaxpr] = {}
+
+  def visit(j: Jaxpr) -> Jaxpr:
+    new_eqns = []
+    changed = False
+    for eqn in j.eqns:
+      new = eqn
+      if (eqn.primitive is remat_p and eqn.params["policy"] is marker
+          and not eqn.params["jaxpr"].constvars):
+        new = _share_body(eqn, shared)
+      else:
+        new = map_sub_jaxprs(eqn, visit)
+      changed |= new is not eqn
+      new_eqns.append(new)
+    return j.replace(eqns=new_eqns) if changed else j
+
+  return visit(jaxpr)
+
+
+def _share_body(eqn: JaxprEqn, shared: dict[str, Jaxpr]) -> JaxprEqn:
+  body = eqn.params["jaxpr"]
+  prefix = _common_scopes(body)
+  if prefix:
+    body = body.replace(eqns=[
+        e.replace(source_info=e.source_info.replace(
+            name_stack=_source_info_util.NameStack(
+                e.source_info.name_stack.stack[len(prefix):])))
+        for e in body.eqns])
+  key = str(body)
+  canonical = shared.setdefault(key, body)
+  stack = eqn.source_info.name_stack.stack + prefix
+  return eqn.replace(
+      params={**eqn.params, "jaxpr": canonical},
+      source_info=eqn.source_info.replace(
+          name_stack=_source_info_util.NameStack(stack)))
+
+
+def _common_scopes(body: Jaxpr) -> tuple[Any, ...]:
+  """The leading name-stack scopes every equation of ``body`` shares."""
+  stacks = [e.source_info.name_stack.stack for e in body.eqns]
+  if not stacks:
+    return ()
+  prefix = []
+  for items in zip(*stacks):
+    first = items[0]
+    if not isinstance(first, _source_info_util.Scope) or any(
+        it != first for it in items[1:]):
+      break
+    prefix.append(first)
+  return tuple(prefix)

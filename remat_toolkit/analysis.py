@@ -313,7 +313,8 @@ class TracedProgram:
           f"fn must return a scalar floating-point loss, got "
           f"{jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', out_shape)}; "
           "reduce it, e.g. return loss.mean().")
-    self.jaxpr = closed
+    self.jaxpr = closed.replace(jaxpr=internals.share_identical_regions(
+        closed.jaxpr, self._marker))
     self.regions = internals.count_remat_regions(closed.jaxpr, self._marker)
     self.forward_flops = internals.count_matmul_flops(closed.jaxpr)
     self._root = _root_scope(closed.jaxpr)
@@ -335,31 +336,28 @@ class TracedProgram:
     return internals.substitute_policy(
         self.jaxpr.jaxpr, self._marker, lambda names: mapping[names])
 
-  def step(self, policy: Policy) -> tuple[Any, int]:
+  def step(self, policy: Policy) -> internals.TracedStep:
     """The traced training step under ``policy`` (cached per lowering)."""
     key = self.lowered(policy)
     if key not in self._steps:
       jaxpr = self._substituted(policy)
       self._steps[key] = internals.trace_training_step(
-          jaxpr, self.jaxpr.consts, self._leaves)
+          jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
     return self._steps[key]
-
-  def step_flops(self, policy: Policy) -> int:
-    return internals.count_matmul_flops(self.step(policy)[0].jaxpr)
 
   @property
   def baseline_step_flops(self) -> int:
     """Forward + backward FLOPs of a step with the ambient regions removed."""
     if self._baseline_flops is None:
       jaxpr = internals.inline_regions(self.jaxpr.jaxpr, self._marker)
-      step, _ = internals.trace_training_step(jaxpr, self.jaxpr.consts,
-                                              self._leaves)
-      self._baseline_flops = internals.count_matmul_flops(step.jaxpr)
+      step = internals.trace_training_step(jaxpr, self.jaxpr.consts,
+                                           self._leaves, self.forward_flops)
+      self._baseline_flops = self.forward_flops + step.backward_flops
     return self._baseline_flops
 
   def residuals(self, policy: Policy) -> list[Residual]:
-    step, num_res = self.step(policy)
-    origins = internals.residual_origins(step, 1, num_res)
+    step = self.step(policy)
+    origins = internals.residual_origins(step.jaxpr, 1, step.num_residuals)
     return [self._residual(o) for o in origins]
 
   def _residual(self, o: internals.ResidualOrigin) -> Residual:
@@ -382,21 +380,19 @@ class TracedProgram:
   def report(self, policy: Policy, *, compile: bool = False) -> ResidualReport:
     """The :class:`ResidualReport` of ``policy`` on this program."""
     residuals = tuple(self.residuals(policy))
-    total = self.step_flops(policy)
+    step = self.step(policy)
     base = self.baseline_step_flops
-    devices, per_device = _per_device(residuals, self._leaves, self._step_avals(policy))
+    total = self.forward_flops + step.backward_flops
+    res_avals = [v.aval for v in step.jaxpr.jaxpr.outvars[1:]]
+    devices, per_device = _per_device(residuals, self._leaves, res_avals)
     return ResidualReport(
         policy=policy.name, residuals=residuals,
         forward_flops=self.forward_flops,
-        backward_flops=total - self.forward_flops,
+        backward_flops=step.backward_flops,
         recompute_flops=max(total - base, 0), baseline_step_flops=base,
         remat_regions=self.regions,
         xla=self.xla_memory(policy) if compile else None,
         devices=devices, per_device_activation_bytes=per_device)
-
-  def _step_avals(self, policy: Policy):
-    step, num_res = self.step(policy)
-    return [v.aval for v in step.jaxpr.outvars[1:1 + num_res]]
 
   def xla_memory(self, policy: Policy) -> dict[str, Any]:
     """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``."""
@@ -475,9 +471,11 @@ def _path_from_label(label: str) -> str:
   return "/".join(keys[:-1])
 
 
-def _per_device(residuals, leaves, avals) -> tuple[int, int | None]:
+def _per_device(residuals, leaves, step) -> tuple[int, int | None]:
+  # step: (step jaxpr, number of residuals); the residuals' shardings are
+  # read from it compiled with the arguments' shardings (see sharding.py).
   from remat_toolkit import sharding as _sharding
-  return _sharding.per_device_activation_bytes(residuals, leaves, avals)
+  return _sharding.per_device_activation_bytes(residuals, leaves, step)
 
 
 # ==================================================================== API

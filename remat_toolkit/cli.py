@@ -4,7 +4,16 @@ Each command is a pair of small functions: ``_add_<cmd>_parser(subparsers)``
 declares its arguments (starting from :func:`_command_parser`, which adds the
 options every command shares) and binds ``_cmd_<cmd>(args) -> int``, which
 runs it and returns the exit status. A new command is one more pair, appended
-to :data:`_PARSER_BUILDERS`.
+to :data:`_PARSER_BUILDERS`::
+
+  def _add_compare_parser(subparsers):
+    parser = _command_parser(subparsers, "compare", summary="...")
+    parser.add_argument("policies", nargs="+")
+    parser.set_defaults(run=_cmd_compare)
+
+  def _cmd_compare(args) -> int:
+    ...
+    return 0
 
 A user mistake (an unknown policy name, a malformed policy file) prints one
 line to stderr and exits with status 2, without a traceback.
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -63,12 +73,16 @@ def _load_user_policies(paths: Sequence[str]) -> None:
     catalog.load_policies(path, override=True)
 
 
+def _is_pattern(name: str) -> bool:
+  return any(c in _GLOB_CHARS for c in name)
+
+
 def _is_policy_file(name: str) -> bool:
   return name.endswith(".toml") or "/" in name or "\\" in name
 
 
 def _resolve(name: str) -> tuple[Policy, str]:
-  """The policy named ``name`` (or read from the file ``name``) and its source."""
+  """The policy called ``name``, or read from the file ``name``; its source."""
   if _is_policy_file(name):
     path = Path(name)
     if not path.is_file():
@@ -108,7 +122,7 @@ def _policy_record(policy: Policy, source: str) -> dict[str, Any]:
 
 def _names_cell(names: Sequence[str]) -> str:
   """Tag names in full; MaxText equivalents and glob patterns as counts."""
-  patterns = [n for n in names if any(c in _GLOB_CHARS for c in n)]
+  patterns = [n for n in names if _is_pattern(n)]
   maxtext = [n for n in names if n in tags.MAXTEXT_NAMES]
   shown = [n for n in names if n not in patterns and n not in maxtext]
   if not shown:  # a policy written only in MaxText names: show them.
@@ -140,9 +154,10 @@ def _offloads_cell(policy: Policy) -> str:
 
 def _render_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
                   widths: Sequence[int]) -> str:
-  """A fixed-width table; cells wrap inside their column, rows blank-separated."""
+  """A fixed-width table; cells wrap in their column; rows blank-separated."""
   def line(cells: Sequence[str]) -> str:
-    return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+    padded = (c.ljust(w) for c, w in zip(cells, widths, strict=True))
+    return "  ".join(padded).rstrip()
 
   out = [line(headers), line(["-" * w for w in widths])]
   for i, row in enumerate(rows):
@@ -158,17 +173,22 @@ def _render_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
 def _policy_table(policies: Sequence[Policy], width: int) -> str:
   # Names and aliases are never broken; long descriptions wrap instead.
   name_w = max(len(p.name) for p in policies)
-  alias_w = max([len("aliases"), *(len(a) for p in policies for a in p.aliases)])
-  fixed = [name_w, 30, 20, alias_w]
-  trade_w = max(30, width - sum(fixed) - 2 * len(fixed))
+  alias_w = max([len("aliases"),
+                 *(len(a) for p in policies for a in p.aliases)])
+  offloads_w = 20
+  # keeps and trade-off share what is left of the width, 2:3.
+  free = width - name_w - offloads_w - alias_w - 2 * 4
+  keeps_w = max(20, free * 2 // 5)
+  trade_w = max(24, free - keeps_w)
   rows = [[p.name, _keeps_cell(p), _offloads_cell(p), p.description or "-",
            ", ".join(p.aliases) or "-"] for p in policies]
   return _render_table(["name", "keeps", "offloads", "trade-off", "aliases"],
-                       rows, [*fixed[:3], trade_w, fixed[3]])
+                       rows, [name_w, keeps_w, offloads_w, trade_w, alias_w])
 
 
 def _terminal_width() -> int:
-  return max(100, shutil.get_terminal_size(fallback=(120, 24)).columns)
+  # Piped output has no width; 160 keeps most descriptions to a few lines.
+  return shutil.get_terminal_size(fallback=(160, 24)).columns
 
 
 # ---------------------------------------------------------------- list
@@ -182,7 +202,7 @@ def _add_list_parser(subparsers: Any) -> None:
                       help="print a JSON array, one object per policy")
   parser.add_argument("--width", type=int, default=None, metavar="N",
                       help="table width in characters (default: the "
-                           "terminal's, at least 100)")
+                           "terminal's; descriptions wrap to fit)")
   parser.set_defaults(run=_cmd_list)
 
 
@@ -190,7 +210,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
   names = catalog.list_policies()
   policies = [catalog.get_policy(n) for n in names]
   if args.json:
-    records = [_policy_record(p, catalog.policy_source(p.name)) for p in policies]
+    records = [_policy_record(p, catalog.policy_source(p.name))
+               for p in policies]
     print(json.dumps(records, indent=2))
     return 0
   print(_policy_table(policies, args.width or _terminal_width()))
@@ -240,12 +261,12 @@ def _field_lines(policy: Policy, source: str) -> list[str]:
 
 
 def _lowering_lines(policy: Policy) -> list[str]:
-  out = ["Lowers to:"]
-  if any(any(c in _GLOB_CHARS for c in n) for n in policy.patterns):
-    out[0] = ("Lowers to (glob patterns expanded here against the tag "
-              "vocabulary and MaxText names; at trace time, against the "
-              "checkpoint names in your function):")
-    out = textwrap.wrap(out[0], _TEXT_WIDTH)
+  head = "Lowers to:"
+  if any(_is_pattern(n) for n in policy.patterns):
+    head = ("Lowers to (glob patterns expanded here against the tag "
+            "vocabulary and MaxText names; at trace time, against the "
+            "checkpoint names in your function):")
+  out = textwrap.wrap(head, _TEXT_WIDTH)
   for text in policy.describe_lowering().splitlines():
     out.append(textwrap.fill(text, _TEXT_WIDTH, initial_indent="  ",
                              subsequent_indent="      ",
@@ -278,12 +299,96 @@ def _describe(policy: Policy, source: str) -> str:
   return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- bench
+
+def _int_list(text: str) -> list[int]:
+  try:
+    values = [int(v) for v in text.split(",") if v.strip()]
+  except ValueError:
+    values = []
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(
+        f"expected positive integers separated by commas, e.g. 1,4; got {text!r}")
+  return values
+
+
+def _add_bench_parser(subparsers: Any) -> None:
+  # ``remat_toolkit.bench`` is also the function's name: import from the module.
+  from remat_toolkit.bench import DEFAULT_MODEL, DEFAULT_POLICIES
+  parser = _command_parser(
+      subparsers, "bench",
+      summary="Compile and run a training step (AdamW, jit, donated state) "
+              "under each policy: compile time, step time, tokens/s and "
+              "memory, relative to save-everything from the same run.")
+  parser.add_argument(
+      "policy", nargs="*",
+      help="policies to run (save-everything is always added as the "
+           "baseline); 'all' for the whole catalogue; default: "
+           f"{', '.join(DEFAULT_POLICIES)}")
+  parser.add_argument("--model", default=DEFAULT_MODEL,
+                      metavar="CONFIG",
+                      help="built-in model config, e.g. tiny, gpt2-small "
+                           f"(default: {DEFAULT_MODEL})")
+  parser.add_argument("--batch", type=int, metavar="N",
+                      help="examples per optimizer update (default: the "
+                           "config's batch times the grad-accum steps)")
+  parser.add_argument("--seq", type=int, metavar="N", help="sequence length")
+  parser.add_argument("--dtype", metavar="DTYPE",
+                      help="activation dtype, e.g. bfloat16")
+  parser.add_argument("--scan", action="store_true",
+                      help="apply the layers with scan")
+  parser.add_argument("--steps", type=int, default=5, metavar="N",
+                      help="timed steps per policy (default: 5)")
+  parser.add_argument("--warmup", type=int, default=2, metavar="N",
+                      help="untimed steps before them (default: 2)")
+  parser.add_argument("--grad-accum", type=_int_list, default=[1],
+                      metavar="K[,K...]",
+                      help="micro-batches per update; several values run each "
+                           "policy at each on the same global batch")
+  parser.add_argument("--max-batch-under", metavar="SIZE",
+                      help="instead of running, find per policy the largest "
+                           "micro-batch whose compiled step needs at most "
+                           "SIZE (e.g. 2GiB); compiles only")
+  parser.add_argument("--max-batch-cap", type=int, default=4096, metavar="N",
+                      help="largest micro-batch tried (default: 4096)")
+  output = parser.add_mutually_exclusive_group()
+  output.add_argument("--json", action="store_true",
+                      help="print a JSON list, one object per record")
+  output.add_argument("--csv", action="store_true", help="print CSV")
+  parser.add_argument("--quiet", action="store_true",
+                      help="no progress lines on stderr")
+  parser.set_defaults(run=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+  from remat_toolkit.bench import bench, largest_batch
+  policies = args.policy or None
+  if policies and "all" in policies:
+    policies = catalog.list_policies()
+  common = dict(policies=policies, seq=args.seq, dtype=args.dtype,
+                scan=args.scan or None, progress=not args.quiet)
+  if args.max_batch_under is not None:
+    result = largest_batch(args.model, budget=args.max_batch_under,
+                           max_batch=args.max_batch_cap, **common)
+  else:
+    result = bench(args.model, batch=args.batch, steps=args.steps,
+                   warmup=args.warmup, grad_accum=args.grad_accum, **common)
+  if args.json:
+    print(result.to_json(indent=2))
+  elif args.csv:
+    print(result.to_csv(), end="")
+  else:
+    print(result)
+  return 0
+
+
 # ---------------------------------------------------------------- main
 
 #: One entry per command; each adds its subparser and binds ``run``.
 _PARSER_BUILDERS: list[Callable[[Any], None]] = [
     _add_list_parser,
     _add_show_parser,
+    _add_bench_parser,
 ]
 
 
@@ -307,7 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv: the arguments after the program name; default ``sys.argv[1:]``.
 
   Returns:
-    0 on success, 2 for a usage or user error (message on stderr).
+    0 on success, 2 for a usage or user error (message on stderr), 1 when
+    the reader of stdout went away (``remat-toolkit list | head``).
   """
   parser = build_parser()
   try:
@@ -320,3 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except _USER_ERRORS as e:
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 2
+  except BrokenPipeError:  # `remat-toolkit list | head`: the reader left.
+    # Point stdout at devnull so the interpreter's final flush cannot fail.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1

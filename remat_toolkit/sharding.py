@@ -1,37 +1,87 @@
 """Per-device figures for sharded programs.
 
-When the analysed arguments carry shardings, each residual's per-device size
-is read from the sharding JAX propagated to it in the traced step.
+When the analysed arguments carry shardings (sharded ``jax.Array`` s, or
+``jax.ShapeDtypeStruct(..., sharding=...)``), each residual's per-device size
+is read from the sharding XLA gives it: the traced step's forward part is
+compiled with the residuals as its outputs, the arguments sharded as given
+and the outputs left to XLA's sharding propagation, and each residual counts
+the bytes of its largest shard. This works for meshes with ``Auto`` axes (the
+usual ``jit`` + ``NamedSharding`` setup) and ``Explicit`` ones alike, and
+agrees with what a jitted training step holds on one device, up to XLA's
+freedom to reshard internal values.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from remat_toolkit import sharding
+  >>> sharding.device_count([jax.ShapeDtypeStruct((4,), jnp.float32)])
+  1
+  >>> sharding.shard_nbytes((8, 4), "float32", None)
+  128
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["per_device_activation_bytes"]
+from remat_toolkit import _jax_internals as internals
+
+__all__ = ["device_count", "per_device_activation_bytes", "shard_nbytes"]
 
 
-def _device_count(leaves: Sequence[Any]) -> int:
+def device_count(leaves: Sequence[Any]) -> int:
+  """Devices the arguments are spread over (1 when none carries a sharding)."""
   counts = [len(getattr(getattr(x, "sharding", None), "device_set", ()) or ())
             for x in leaves]
   return max(counts + [1])
 
 
+def shard_nbytes(shape: Sequence[int], dtype: Any, sharding: Any) -> int:
+  """Bytes of the largest shard of a ``shape``/``dtype`` value on one device.
+
+  Args:
+    shape: the global shape.
+    dtype: its dtype.
+    sharding: a ``jax.sharding.Sharding``, or None for a value every device
+      holds whole.
+
+  Returns:
+    The bytes one device holds.
+  """
+  local = tuple(shape) if sharding is None else sharding.shard_shape(tuple(shape))
+  return int(math.prod(local)) * np.dtype(dtype).itemsize
+
+
 def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
-                                avals: Sequence[Any]) -> tuple[int, int | None]:
+                                step: tuple[Any, int]) -> tuple[int, int | None]:
   """``(devices, bytes)``: device activation bytes held by one device.
 
-  Returns ``(1, None)`` when no argument is sharded over several devices.
+  Args:
+    residuals: the report's residuals, in :func:`residual_origins` order.
+    leaves: the abstract arguments (with their shardings).
+    step: ``(step_jaxpr, num_residuals)`` of the traced training step.
+
+  Returns:
+    ``(1, None)`` when no argument is sharded over several devices; else
+    the device count and the activation bytes (device memory, not host) one
+    device holds.
   """
-  devices = _device_count(leaves)
+  devices = device_count(leaves)
   if devices <= 1:
     return 1, None
+  jaxpr, num_res = step
+  variables = internals.residual_vars(jaxpr, 1, num_res)
+  if len(variables) != len(residuals):
+    raise RuntimeError(  # an internal inconsistency, not a user mistake
+        f"residual_vars found {len(variables)} residuals where the analyzer "
+        f"found {len(residuals)}; please report this.")
+  shardings = internals.residual_shardings(jaxpr, variables, list(leaves))
   total = 0
-  for r in residuals:
-    if r.kind != "activation" or r.memory_kind != "device":
+  for residual, sharding in zip(residuals, shardings, strict=True):
+    if residual.kind != "activation" or residual.memory_kind != "device":
       continue
-    total += r.nbytes
+    total += shard_nbytes(residual.shape, residual.dtype, sharding)
   return devices, total

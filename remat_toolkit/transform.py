@@ -371,5 +371,147 @@ def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
 def remat(target: Any = None, policy: Any = None, *,
           static_argnums: int | Sequence[int] = (),
           prevent_cse: bool | None = None) -> Any:
-  """Placeholder replaced below; see the module docstring."""
-  raise NotImplementedError
+  """Remat with a named policy, for Flax modules, methods and functions.
+
+  ``target`` may be a linen Module class (a class is returned, used like
+  ``nn.remat(cls)``), an NNX Module class (a subclass whose ``__call__`` is
+  one region), a linen or NNX method in a class body, or a plain JAX
+  function. Without ``target`` it is a decorator:
+  ``@rt.remat(policy="save-ffn")``.
+
+  Args:
+    target: what to rematerialise.
+    policy: a policy name, :class:`Policy`, raw JAX policy (passed through),
+      or None for the ambient policy (``rt.use_policy``), read each time
+      the region is traced. An explicit policy wins over the ambient one.
+    static_argnums: positions of the call's own arguments to treat as
+      static; ``self`` is never counted. Non-array arguments (Python bool,
+      int, float, None, str) are static without being listed; pass a
+      ``jnp`` array to trace a number instead.
+    prevent_cse: passed to ``jax.checkpoint``; default True.
+
+  Returns:
+    The rematerialised class or function, or a decorator.
+
+  Raises:
+    TypeError: if ``target`` is not a Module class, method or function, or
+      is a method bound to a module instance.
+    ValueError: for an unknown policy name (with suggestions) or
+      ``static_argnums`` outside the call's arguments.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> import remat_toolkit as rt
+    >>> class Block(nn.Module):
+    ...   @rt.remat(policy="save-ffn")
+    ...   @nn.compact
+    ...   def __call__(self, x, train):
+    ...     return nn.Dense(4)(rt.tag(nn.Dense(8)(x), "ffn.up"))
+    >>> x = jnp.ones((2, 4))
+    >>> params = Block().init(jax.random.key(0), x, True)
+    >>> Block().apply(params, x, True).shape
+    (2, 4)
+  """
+  if target is None:
+    return functools.partial(remat, policy=policy,
+                             static_argnums=static_argnums,
+                             prevent_cse=prevent_cse)
+  where = _describe(target)
+  _check_target(target, where)
+  _validate_policy(policy, where)
+  static = _normalize_static_argnums(static_argnums, where)
+  cse = True if prevent_cse is None else bool(prevent_cse)
+  if _is_linen_class(target):
+    cls = target.func if isinstance(target, functools.partial) else target
+    spec = _spec_for(cls.__call__, policy, cse, static, where, method=True)
+    from flax.linen import transforms as linen_transforms
+    return linen_transforms.lift_transform(_linen_transform, target, spec=spec)
+  if _is_nnx_class(target):
+    call = remat(target.__call__, policy, static_argnums=static,
+                 prevent_cse=cse)
+    return type(f"Remat{target.__name__}", (target,),
+                {"__call__": call, "__module__": target.__module__,
+                 "__qualname__": f"Remat{target.__qualname__}"})
+  spec = _spec_for(target, policy, cse, static, where,
+                   method=_looks_like_method(target))
+  return _region_from_spec(target, spec)
+
+
+def _describe(target: Any) -> str:
+  name = getattr(target, "__qualname__", None) or getattr(
+      target, "__name__", None)
+  return f"{name}" if name else repr(target)
+
+
+def _is_linen_class(target: Any) -> bool:
+  from flax import linen as nn
+  cls = target.func if isinstance(target, functools.partial) else target
+  return isinstance(cls, type) and issubclass(cls, nn.Module)
+
+
+def _is_nnx_class(target: Any) -> bool:
+  from flax import nnx
+  return isinstance(target, type) and issubclass(target, nnx.Module)
+
+
+def _check_target(target: Any, where: str) -> None:
+  if _is_linen_class(target) or _is_nnx_class(target):
+    return
+  owner = getattr(target, "__self__", None)
+  if inspect.ismethod(target) and (_is_linen_module(owner)
+                                   or _is_nnx_node(owner)):
+    name = target.__name__
+    raise TypeError(
+        f"rt.remat got the bound method {type(owner).__name__}.{name} of a "
+        f"module instance; remat the class instead "
+        f"(rt.remat({type(owner).__name__})), decorate {name} in the class "
+        f"body (@rt.remat), or wrap a function that takes the module: "
+        f"rt.remat(lambda m, *a: m.{name}(*a))(module, ...).")
+  if isinstance(target, type) or not callable(target) or _is_linen_module(
+      target) or _is_nnx_node(target):
+    kind = ("a module instance" if _is_linen_module(target)
+            or _is_nnx_node(target) else f"a {type(target).__name__}")
+    raise TypeError(
+        f"rt.remat takes a linen or NNX Module class, a method or a function, "
+        f"got {target!r} ({kind}); e.g. rt.remat(Block, policy='save-ffn') "
+        "or @rt.remat(policy='save-ffn') on a method. To pass a policy as a "
+        "decorator argument write @rt.remat(policy=...).")
+
+
+def _looks_like_method(fn: Callable[..., Any]) -> bool:
+  """A function defined in a class body, judged by its first parameter."""
+  try:
+    params = list(inspect.signature(fn).parameters)
+  except (TypeError, ValueError):
+    return False
+  return bool(params) and params[0] == "self"
+
+
+def _spec_for(fn: Callable[..., Any], policy: Any, prevent_cse: bool,
+              static: tuple[int, ...], where: str, *, method: bool
+              ) -> _RegionSpec:
+  """Checks ``static`` against ``fn``'s signature and names those arguments."""
+  names: tuple[str, ...] = ()
+  try:
+    params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    params = None
+  if params is not None:
+    if method and params:
+      params = params[1:]
+    positional = [p for p in params if p.kind in (
+        p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    bad = [i for i in static if i >= len(positional)]
+    if bad and not varargs:
+      listed = ", ".join(f"{i}: {p.name}" for i, p in enumerate(positional))
+      raise ValueError(
+          f"static_argnums={static} is out of range for {where}, whose "
+          f"arguments are {{{listed}}}; static_argnums counts the call's own "
+          "arguments from 0, never self.")
+    names = tuple(positional[i].name for i in static
+                  if i < len(positional)
+                  and positional[i].kind == positional[i].POSITIONAL_OR_KEYWORD)
+  return _RegionSpec(policy=policy, prevent_cse=prevent_cse,
+                     static_argnums=static, static_argnames=names, where=where)

@@ -52,6 +52,7 @@ class GPTConfig:
     norm: ``"layernorm"`` or ``"rmsnorm"``.
     tie_embeddings: the LM head reuses the token embedding (GPT-2) instead of
       a separate ``lm_head`` projection (LLaMA).
+    use_bias: whether the projections have biases (GPT-2) or not (LLaMA).
     dropout_rate: dropout on embeddings, attention probabilities and both
       residual branches; only active when the model is called with
       ``deterministic=False``.
@@ -78,6 +79,7 @@ class GPTConfig:
   positions: str = "learned"
   norm: str = "layernorm"
   tie_embeddings: bool = True
+  use_bias: bool = True
   dropout_rate: float = 0.0
   dtype: str = "float32"
   param_dtype: str = "float32"
@@ -170,7 +172,8 @@ CONFIGS: dict[str, GPTConfig] = {
         # For tests: a training step takes milliseconds on a CPU.
         GPTConfig(name="tiny", dropout_rate=0.1),
         GPTConfig(name="tiny-swiglu", ffn="swiglu", positions="rope",
-                  norm="rmsnorm", tie_embeddings=False, d_ff=64,
+                  norm="rmsnorm", tie_embeddings=False, use_bias=False,
+                  d_ff=64,
                   dropout_rate=0.1),
         GPTConfig(name="gpt2-small", vocab_size=50257, num_layers=12,
                   d_model=768, num_heads=12, d_ff=3072, seq_len=1024,
@@ -181,7 +184,8 @@ CONFIGS: dict[str, GPTConfig] = {
         GPTConfig(name="llama-7b", vocab_size=32000, num_layers=32,
                   d_model=4096, num_heads=32, d_ff=11008, seq_len=4096,
                   batch_size=1, ffn="swiglu", positions="rope",
-                  norm="rmsnorm", tie_embeddings=False, norm_eps=1e-6,
+                  norm="rmsnorm", tie_embeddings=False, use_bias=False,
+                  norm_eps=1e-6,
                   dtype="bfloat16", param_dtype="bfloat16"),
         # The worked example of the seeds: 24 blocks grouped into regions.
         GPTConfig(name="seed-example", vocab_size=50257, num_layers=24,

@@ -1,0 +1,1182 @@
+"""The budget planner: the policy with the least recompute that fits a budget.
+
+:func:`plan` decides, for every checkpoint name in the model (each name
+selects all its instances across layers), whether to keep it on device,
+offload it to host memory or recompute it, so that the activation bytes kept
+for the backward pass fit ``budget`` with the least recompute. The matmul
+policies (``save-matmuls``, ``save-matmuls-no-batch``) and ``save-everything``
+are weighed as whole alternatives, since JAX cannot combine them with names.
+
+Every number comes from the residual analyzer on a program traced once; no
+cost is assumed additive. The search is an exact branch and bound over real
+evaluations. It relies on two facts of JAX's partial evaluation: keeping more
+names never recomputes more, and a residual kept when *every* undecided name
+is kept (a name already chosen, or a region input) is kept whatever the
+undecided names become. So evaluating "keep all undecided names" gives, at
+once, the least recompute of a whole subtree (and its optimum, if it fits) and
+a lower bound on its bytes.
+
+Offloading is costed in FLOP-equivalents: an offloaded residual crosses the
+host link twice (out in the forward pass, back in the backward pass), and
+``2 * bytes / host_bandwidth`` seconds is converted at ``device_flops``
+FLOP/s. Transfers that overlap with compute cost less in practice, so this
+errs towards recomputing.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import remat_toolkit as rt
+  >>> @rt.remat
+  ... def block(w, x):
+  ...   h = rt.tag(x @ w, "ffn.up")
+  ...   return rt.tag(jnp.tanh(h), "ffn.act") @ w.T
+  >>> loss = lambda w, x: block(w, x).sum()
+  >>> args = (jax.ShapeDtypeStruct((16, 64), jnp.float32),
+  ...         jax.ShapeDtypeStruct((8, 16), jnp.float32))
+  >>> p = rt.plan(loss, *args, budget="2KiB")
+  >>> p.policy.save, p.activation_bytes, p.recompute_flops
+  (('ffn.act',), 2048, 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import catalog
+from remat_toolkit.analysis import ResidualReport, TracedProgram
+from remat_toolkit.display import (format_bytes, format_flops, html_table,
+                                   parse_bytes, text_table)
+from remat_toolkit.policy import Policy
+
+__all__ = ["plan", "Plan", "frontier", "Frontier", "FrontierPoint",
+           "NamedFit", "GroupEstimate", "DEFAULT_HOST_BANDWIDTH",
+           "DEFAULT_DEVICE_FLOPS", "DEFAULT_GROUP_SIZES"]
+
+#: Bytes per second each way between device and pinned host memory
+#: (PCIe 4.0 x16 in practice).
+DEFAULT_HOST_BANDWIDTH: float = 25e9
+#: FLOP/s a recompute runs at, to convert transfer time to FLOP-equivalents
+#: (about 40% of an H100's dense bf16 peak).
+DEFAULT_DEVICE_FLOPS: float = 400e12
+#: Group sizes weighed when ``groups`` is a callable (``"sqrt"``: about
+#: sqrt(layers), as the built-in models read it).
+DEFAULT_GROUP_SIZES: tuple[int | str, ...] = (1, 2, 4, "sqrt")
+#: Analyzer evaluations after which the search stops and returns the best
+#: plan found, marked not proven optimal.
+DEFAULT_MAX_EVALUATIONS = 400
+# Predicted-best choices measured before the branch and bound starts.
+_MODEL_CANDIDATES = 3
+
+# Whole alternatives: policies JAX cannot combine with checkpoint names.
+_MODES: dict[str, dict[str, Any]] = {
+    "save-everything": {"save_everything": True},
+    "save-matmuls": {"matmuls": "all"},
+    "save-matmuls-no-batch": {"matmuls": "no-batch"},
+    "offload-matmuls-no-batch": {"matmuls": "offload-no-batch"},
+}
+_OFFLOAD_MODES = frozenset({"offload-matmuls-no-batch"})
+_GLOB_ESCAPES = {"*": "[*]", "?": "[?]", "[": "[[]"}
+
+
+# ==================================================================== choices
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+  """What a candidate policy does: names kept/offloaded, or a whole mode."""
+
+  save: frozenset[str] = frozenset()
+  offload: frozenset[str] = frozenset()
+  mode: str = ""
+
+  def policy(self, name: str, description: str = "") -> Policy:
+    if self.mode:
+      return Policy(name=name, description=description, **_MODES[self.mode])
+    return Policy(name=name, description=description,
+                  save=tuple(_literal(n) for n in sorted(self.save)),
+                  offload=tuple(_literal(n) for n in sorted(self.offload)))
+
+  def digest(self) -> str:
+    text = json.dumps([self.mode, sorted(self.save), sorted(self.offload)])
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def _literal(name: str) -> str:
+  # A checkpoint name is matched as a glob pattern if it has * ? or [;
+  # escape them so the plan selects exactly that name.
+  return "".join(_GLOB_ESCAPES.get(c, c) for c in name)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+  """A choice as the analyzer measured it."""
+
+  choice: _Choice
+  report: ResidualReport
+  device_bytes: int
+  host_bytes: int
+  recompute_flops: int
+  cost: float
+  device_by_name: Mapping[str, int]
+
+  def key(self) -> tuple[float, int, int]:
+    return (self.cost, self.device_bytes, self.host_bytes)
+
+
+class _Evaluator:
+  """Real measurements of choices on one traced program, cached."""
+
+  def __init__(self, program: TracedProgram, transfer_flops_per_byte: float):
+    self.program = program
+    self.transfer = transfer_flops_per_byte
+    self.evaluations = 0
+    self.limit: int | None = None
+    self._cache: dict[_Choice, _Outcome] = {}
+
+  def __call__(self, choice: _Choice) -> _Outcome:
+    found = self._cache.get(choice)
+    if found is not None:
+      return found
+    if self.limit is not None and self.evaluations >= self.limit:
+      raise _OutOfEvaluations
+    self.evaluations += 1
+    report = self.program.report(choice.policy("plan-candidate"))
+    by_name: dict[str, int] = {}
+    for r in report.activations:
+      if r.memory_kind == "device" and r.name is not None:
+        by_name[r.name] = by_name.get(r.name, 0) + r.nbytes
+    outcome = _Outcome(
+        choice=choice, report=report, device_bytes=report.activation_bytes,
+        host_bytes=report.offloaded_bytes,
+        recompute_flops=report.recompute_flops,
+        cost=report.recompute_flops + 2 * report.offloaded_bytes * self.transfer,
+        device_by_name=by_name)
+    self._cache[choice] = outcome
+    return outcome
+
+  def outcomes(self) -> Iterable[_Outcome]:
+    return self._cache.values()
+
+
+class _OutOfEvaluations(Exception):
+  pass
+
+
+# ==================================================================== search
+
+@dataclasses.dataclass
+class _Limits:
+  device: float
+  host: float
+
+  def fit(self, o: _Outcome) -> bool:
+    return o.device_bytes <= self.device and o.host_bytes <= self.host
+
+
+class _Search:
+  """Best-first branch and bound over keep / offload / recompute per name.
+
+  A node fixes some names as kept, offloaded or recomputed and leaves the
+  rest undecided; its *top* is the choice that keeps every undecided name.
+  The top's recompute is the least of any completion, and its residuals that
+  are not undecided names are held by every completion: so the top gives a
+  lower bound (cost, bytes) and, when it fits, the node's optimum. Nodes are
+  expanded least bound first; a child's top is evaluated only when the child
+  is reached, so the search evaluates few choices beyond those whose bound
+  beats the optimum.
+  """
+
+  def __init__(self, evaluate: _Evaluator, names: Sequence[str],
+               limits: _Limits, allow_offload: bool):
+    self.evaluate = evaluate
+    self.names = tuple(sorted(names))
+    self.limits = limits
+    self.allow_offload = allow_offload
+    self.best: _Outcome | None = None
+    self.complete = True
+    self._heap: list[tuple] = []
+    self._count = itertools.count()
+
+  def offer(self, o: _Outcome) -> None:
+    if self.limits.fit(o) and (self.best is None or o.key() < self.best.key()):
+      self.best = o
+
+  def run(self) -> None:
+    self._push((-math.inf, 0), frozenset(), frozenset(), self.names)
+    try:
+      while self._heap:
+        bound, _, saved, offloaded, undecided = heapq.heappop(self._heap)
+        if self._dominated(bound):
+          break  # every other node's bound is at least as large
+        self._expand(bound, saved, offloaded, undecided)
+    except _OutOfEvaluations:
+      self.complete = False
+
+  def _push(self, bound, saved, offloaded, undecided) -> None:
+    heapq.heappush(self._heap, (bound, next(self._count), saved, offloaded,
+                                undecided))
+
+  def _dominated(self, bound: tuple[float, float]) -> bool:
+    return self.best is not None and bound >= self.best.key()[:2]
+
+  def _expand(self, bound, saved, offloaded, undecided) -> None:
+    top = self.evaluate(_Choice(saved | frozenset(undecided), offloaded))
+    free = sum(top.device_by_name.get(n, 0) for n in undecided)
+    forced = top.device_bytes - free
+    if forced > self.limits.device or top.host_bytes > self.limits.host:
+      return
+    exact = (top.cost, forced)
+    if self._dominated(exact):
+      return
+    if exact > bound:  # the evaluated bound is tighter: wait for its turn
+      self._push(exact, saved, offloaded, undecided)
+      return
+    if self.limits.fit(top):
+      self.offer(top)
+      return
+    # Branch on the undecided name holding the most bytes: it decides fit.
+    name = max(undecided, key=lambda n: (top.device_by_name.get(n, 0), n))
+    rest = tuple(n for n in undecided if n != name)
+    kept = top.device_by_name.get(name, 0)
+    self._push((top.cost, forced + kept), saved | {name}, offloaded, rest)
+    if self.allow_offload:
+      self._push(exact, saved, offloaded | {name}, rest)
+    self._push(exact, saved, offloaded, rest)
+
+
+def _drop_useless(evaluate: _Evaluator, best: _Outcome, limits: _Limits
+                  ) -> _Outcome:
+  """Drops kept names whose removal costs no recompute and no bytes."""
+  for name in sorted(best.choice.save,
+                     key=lambda n: -best.device_by_name.get(n, 0)):
+    trial = evaluate(dataclasses.replace(best.choice,
+                                         save=best.choice.save - {name}))
+    if (limits.fit(trial) and trial.cost <= best.cost
+        and trial.device_bytes <= best.device_bytes):
+      best = trial
+  return best
+
+
+class _AdditiveModel:
+  """Predicted bytes and recompute per name, from one measurement each.
+
+  Each name is measured alone against ``boundary-only``; the model adds
+  those effects up. It is exact when names do not interact and only guides
+  the search otherwise: every prediction it makes is measured before use.
+  """
+
+  def __init__(self, base: _Outcome, singles: Mapping[str, _Outcome],
+               transfer_flops_per_byte: float, allow_offload: bool):
+    self.base = base
+    self.transfer = transfer_flops_per_byte
+    self.allow_offload = allow_offload
+    # (name, added device bytes, recompute saved) of names that do anything.
+    self.items = [(n, o.device_bytes - base.device_bytes, base.cost - o.cost)
+                  for n, o in sorted(singles.items())
+                  if (o.device_bytes, o.cost) != (base.device_bytes, base.cost)]
+
+  def best(self, limits: _Limits, count: int) -> list[_Choice]:
+    """The ``count`` choices of least predicted cost that are predicted to fit.
+
+    An exact dynamic programme over the predicted (device, host, cost)
+    states, dropping states another state beats on all three.
+    """
+    states = [(self.base.device_bytes, 0, self.base.cost, frozenset(),
+               frozenset())]
+    shrink = [0] * (len(self.items) + 1)  # most bytes the rest could free
+    for i in range(len(self.items) - 1, -1, -1):
+      shrink[i] = shrink[i + 1] + max(-self.items[i][1], 0)
+    for i, (name, nbytes, saved) in enumerate(self.items):
+      grown = []
+      for dev, host, cost, keep, off in states:
+        grown.append((dev, host, cost, keep, off))
+        grown.append((dev + nbytes, host, cost - saved, keep | {name}, off))
+        if self.allow_offload and nbytes > 0:
+          grown.append((dev, host + nbytes,
+                        cost - saved + 2 * nbytes * self.transfer, keep,
+                        off | {name}))
+      states = _undominated(
+          [s for s in grown if s[0] - shrink[i + 1] <= limits.device
+           and s[1] <= limits.host])
+    fitting = sorted((s for s in states if s[0] <= limits.device),
+                     key=lambda s: (s[2], s[0], s[1]))
+    return [_Choice(save=s[3], offload=s[4]) for s in fitting[:count]]
+
+
+def _undominated(states: list[tuple]) -> list[tuple]:
+  states.sort(key=lambda s: (s[0], s[1], s[2]))
+  kept: list[tuple] = []
+  for s in states:
+    if not any(k[0] <= s[0] and k[1] <= s[1] and k[2] <= s[2] for k in kept):
+      kept.append(s)
+  return kept
+
+
+# ==================================================================== results
+
+@dataclasses.dataclass(frozen=True)
+class NamedFit:
+  """A catalogue policy measured against the budget.
+
+  Attributes:
+    name: the policy's name.
+    activation_bytes: device bytes it keeps.
+    offloaded_bytes: host bytes it moves.
+    recompute_flops: FLOPs it recomputes.
+    recompute_percent: the same, in percent of a no-remat step.
+    cost: recompute FLOPs plus transfer FLOP-equivalents.
+    fits: whether it fits the budget.
+  """
+
+  name: str
+  activation_bytes: int
+  offloaded_bytes: int
+  recompute_flops: int
+  recompute_percent: float
+  cost: float
+  fits: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupEstimate:
+  """One group size (blocks per remat region) weighed by the planner.
+
+  Attributes:
+    group: the group size as given (None: ``fn`` as passed to :func:`plan`).
+    regions: remat region executions per step (scan iterations included).
+    boundary_bytes: activations under ``boundary-only``: region boundaries.
+    workspace_bytes: one region's internals, materialised while it is
+      recomputed in the backward pass under this layout's plan.
+    activation_bytes: activations the plan keeps.
+    estimated_peak: ``activation_bytes + workspace_bytes``.
+    recompute_flops: the plan's recompute FLOPs.
+    policy: the plan's policy name ("" if nothing fits).
+    fits: whether the estimated peak fits the budget.
+    note: why the layout was skipped or does not fit.
+  """
+
+  group: Any
+  regions: int
+  boundary_bytes: int
+  workspace_bytes: int
+  activation_bytes: int
+  estimated_peak: int
+  recompute_flops: int
+  policy: str
+  fits: bool
+  note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The policy with the least recompute that fits a budget, and its numbers.
+
+  Attributes:
+    policy: the planned :class:`Policy` (usable with ``rt.use_policy``; by
+      name after :meth:`register` or :meth:`save` + ``rt.load_policies``).
+    budget: the activation budget in bytes.
+    activation_bytes: device bytes the policy keeps (measured).
+    offloaded_bytes: bytes it moves to host memory (measured).
+    recompute_flops: matmul FLOPs it recomputes (measured).
+    recompute_percent: the same, in percent of a no-remat step.
+    cost: ``recompute_flops`` plus transfer FLOP-equivalents (see the module
+      docstring).
+    decisions: checkpoint name -> ``"save"``, ``"offload"`` or
+      ``"recompute"`` (empty when a whole alternative won).
+    named: every catalogue policy measured on the same program.
+    report: the analyzer's :class:`ResidualReport` of the plan.
+    optimal: whether the search finished, which proves the plan optimal;
+      False when it stopped at ``max_evaluations``.
+    evaluations: analyzer evaluations the plan took.
+    smallest_bytes: the least activation memory any evaluated policy kept.
+    workspace_bytes: one region's internals while it is recomputed.
+    estimated_peak: ``activation_bytes + workspace_bytes``.
+    group: the chosen group size when ``groups`` was given.
+    groups: the estimate for each group size weighed.
+    host_budget: host bytes allowed for offloading (None: offloading off or
+      unlimited).
+    host_bandwidth: bytes/s used to cost transfers.
+    device_flops: FLOP/s used to convert transfer time to FLOPs.
+  """
+
+  policy: Policy
+  budget: int
+  activation_bytes: int
+  offloaded_bytes: int
+  recompute_flops: int
+  recompute_percent: float
+  cost: float
+  decisions: Mapping[str, str]
+  named: tuple[NamedFit, ...]
+  report: ResidualReport
+  optimal: bool
+  evaluations: int
+  smallest_bytes: int
+  workspace_bytes: int
+  estimated_peak: int
+  group: Any = None
+  groups: tuple[GroupEstimate, ...] = ()
+  host_budget: int | None = None
+  host_bandwidth: float = DEFAULT_HOST_BANDWIDTH
+  device_flops: float = DEFAULT_DEVICE_FLOPS
+
+  @property
+  def closest_builtins(self) -> tuple[NamedFit, ...]:
+    """The catalogue policies that fit, least recompute first (at most 3)."""
+    fitting = sorted((f for f in self.named if f.fits),
+                     key=lambda f: (f.cost, f.activation_bytes, f.name))
+    return tuple(fitting[:3])
+
+  @property
+  def best_builtin(self) -> NamedFit | None:
+    """The fitting catalogue policy with the least recompute, if any."""
+    closest = self.closest_builtins
+    return closest[0] if closest else None
+
+  # ------------------------------------------------------------ use it
+  def register(self, *, override: bool = False) -> Policy:
+    """Adds the policy to the catalogue, so it is usable by name.
+
+    Plans are not registered on their own, to keep the catalogue to what
+    the user chose.
+    """
+    return catalog.register_policy(self.policy, override=override)
+
+  def save(self, path: str | os.PathLike) -> Path:
+    """Writes the policy as a TOML file that ``rt.load_policies`` reads.
+
+    Returns:
+      The path written.
+    """
+    path = Path(path)
+    if path.is_dir():
+      raise ValueError(
+          f"plan.save needs a file path, got the folder {str(path)!r}; write "
+          f"e.g. {str(path / (self.policy.name + '.toml'))!r}.")
+    path.write_text(self.toml(), encoding="utf-8")
+    return path
+
+  def toml(self) -> str:
+    """The policy file's text, with the plan's numbers as comments."""
+    head = [
+        "# Written by remat_toolkit.plan.",
+        f"# activation budget {format_bytes(self.budget)}: keeps "
+        f"{format_bytes(self.activation_bytes)} on device, recomputes "
+        f"{format_flops(self.recompute_flops)} "
+        f"({self.recompute_percent:.1f}% of a no-remat step)"
+        + (f"; group size {self.group}" if self.group is not None else ""),
+    ]
+    return "\n".join(head + [_policy_toml(self.policy), ""])
+
+  # ------------------------------------------------------------ display
+  def summary_lines(self) -> list[str]:
+    lines = [
+        f"{self.policy.name}: activation budget {format_bytes(self.budget)}"
+        + (f", group size {self.group}" if self.group is not None else ""),
+        f"  keeps {format_bytes(self.activation_bytes)} on device"
+        + (f", offloads {format_bytes(self.offloaded_bytes)} to host"
+           if self.offloaded_bytes else "")
+        + f"; recomputes {format_flops(self.recompute_flops)} "
+        f"({self.recompute_percent:.1f}% of a no-remat step)",
+        f"  estimated peak {format_bytes(self.estimated_peak)} (kept "
+        f"activations + {format_bytes(self.workspace_bytes)} while one region "
+        "is recomputed)",
+        ("  optimal: the search finished" if self.optimal else
+         "  NOT proven optimal: the search stopped at its evaluation limit")
+        + f" ({self.evaluations} analyzer evaluations)",
+    ]
+    if self.decisions:
+      for what in ("save", "offload", "recompute"):
+        names = [n for n, d in self.decisions.items() if d == what]
+        if names:
+          lines.append(f"  {what:<9} {', '.join(names)}")
+    else:
+      lines.append(f"  policy: {self.policy.keeps_summary()}")
+    return lines
+
+  def _named_rows(self) -> tuple[list[str], list[list[str]]]:
+    rows = sorted(self.named, key=lambda f: (not f.fits, f.cost,
+                                             f.activation_bytes))
+    body = [[f.name, format_bytes(f.activation_bytes),
+             format_bytes(f.offloaded_bytes) if f.offloaded_bytes else "-",
+             f"{f.recompute_percent:.1f}%", "yes" if f.fits else "no"]
+            for f in rows]
+    return ["named policy", "activations", "offloaded", "recompute", "fits"], body
+
+  def _group_rows(self) -> tuple[list[str], list[list[str]]]:
+    body = [["as given" if g.group is None else str(g.group), str(g.regions),
+             format_bytes(g.boundary_bytes), format_bytes(g.workspace_bytes),
+             format_bytes(g.activation_bytes), format_bytes(g.estimated_peak),
+             format_flops(g.recompute_flops), "yes" if g.fits else "no",
+             g.note] for g in self.groups]
+    return ["group", "regions", "boundaries", "workspace", "kept", "est. peak",
+            "recompute", "fits", "note"], body
+
+  def __str__(self) -> str:
+    out = list(self.summary_lines())
+    if self.groups:
+      headers, body = self._group_rows()
+      out += ["", "group sizes (estimated peak = kept activations + one "
+              "region's workspace):",
+              text_table(headers, body, right=[h not in ("group", "fits", "note")
+                                                for h in headers])]
+    headers, body = self._named_rows()
+    out += ["", text_table(headers, body,
+                           right=[False, True, True, True, False])]
+    best = self.best_builtin
+    if best is not None:
+      out.append(f"\nbest named policy that fits: {best.name} "
+                 f"({best.recompute_percent:.1f}% recompute)")
+    out.append(f"use: `with rt.use_policy(plan.policy):`, or plan.register() / "
+               f"plan.save('{self.policy.name}.toml')")
+    return "\n".join(out)
+
+  def _repr_html_(self) -> str:
+    summary = "<br>".join(line.strip() for line in self.summary_lines())
+    headers, body = self._named_rows()
+    named = html_table(headers, body, caption="Named policies on the same model",
+                       highlight=[row[4] == "yes" for row in body])
+    groups = ""
+    if self.groups:
+      headers, gbody = self._group_rows()
+      groups = html_table(headers, gbody, caption="Group sizes",
+                          highlight=[g.group == self.group for g in self.groups])
+    return (f"<div><p style='font-family:monospace'>{summary}</p>"
+            f"{groups}{named}</div>")
+
+  def to_dict(self) -> dict[str, Any]:
+    """Plain data: the policy, the numbers, the named policies, the groups."""
+    return {
+        "policy": _policy_record(self.policy),
+        "budget": self.budget,
+        "activation_bytes": self.activation_bytes,
+        "offloaded_bytes": self.offloaded_bytes,
+        "recompute_flops": self.recompute_flops,
+        "recompute_percent": self.recompute_percent,
+        "cost": self.cost,
+        "decisions": dict(self.decisions),
+        "optimal": self.optimal,
+        "evaluations": self.evaluations,
+        "smallest_bytes": self.smallest_bytes,
+        "workspace_bytes": self.workspace_bytes,
+        "estimated_peak": self.estimated_peak,
+        "group": self.group,
+        "groups": [dataclasses.asdict(g) for g in self.groups],
+        "closest_builtins": [f.name for f in self.closest_builtins],
+        "named": [dataclasses.asdict(f) for f in self.named],
+        "host_budget": self.host_budget,
+        "host_bandwidth": self.host_bandwidth,
+        "device_flops": self.device_flops,
+    }
+
+  def to_json(self, **kwargs: Any) -> str:
+    """:meth:`to_dict` as JSON."""
+    return json.dumps(self.to_dict(), default=str, **kwargs)
+
+
+def _policy_record(policy: Policy) -> dict[str, Any]:
+  return {"name": policy.name, "description": policy.description,
+          "save": list(policy.save), "offload": list(policy.offload),
+          "matmuls": policy.matmuls, "save_everything": policy.save_everything,
+          "offload_src": policy.offload_src, "offload_dst": policy.offload_dst}
+
+
+def _toml_string(text: str) -> str:
+  # JSON string escapes (\" \\ \n \uXXXX) are valid TOML basic strings.
+  return json.dumps(text)
+
+
+def _toml_list(items: Sequence[str]) -> str:
+  return "[\n" + "".join(f"  {_toml_string(i)},\n" for i in items) + "]"
+
+
+def _policy_toml(policy: Policy) -> str:
+  lines = [f"name = {_toml_string(policy.name)}",
+           f"description = {_toml_string(policy.description)}"]
+  if policy.aliases:
+    lines.append(f"aliases = {_toml_list(policy.aliases)}")
+  if policy.save:
+    lines.append(f"save = {_toml_list(policy.save)}")
+  if policy.offload:
+    lines.append(f"offload = {_toml_list(policy.offload)}")
+  if policy.matmuls != "none":
+    lines.append(f"matmuls = {_toml_string(policy.matmuls)}")
+  if policy.save_everything:
+    lines.append("save_everything = true")
+  if policy.offload_src != "device":
+    lines.append(f"offload_src = {_toml_string(policy.offload_src)}")
+  if policy.offload_dst != "pinned_host":
+    lines.append(f"offload_dst = {_toml_string(policy.offload_dst)}")
+  return "\n".join(lines)
+
+
+# ==================================================================== planner
+
+class _Planner:
+  """Plans on one traced program; evaluations are shared between budgets."""
+
+  def __init__(self, program: TracedProgram, *, allow_offload: bool,
+               host_bandwidth: float, device_flops: float):
+    if program.regions == 0:
+      raise ValueError(
+          "fn has no remat region that reads the ambient policy, so every "
+          "policy keeps the same activations and there is nothing to plan; "
+          "wrap its blocks with remat_toolkit.remat (policy left as None).")
+    self.program = program
+    self.allow_offload = allow_offload
+    self.evaluate = _Evaluator(program, device_flops / host_bandwidth)
+    self.names = tuple(sorted(program.names))
+    self.modes = tuple(m for m in _MODES
+                       if allow_offload or m not in _OFFLOAD_MODES)
+    self.named = self._catalogue()
+    self.whole = {m: self.evaluate(_Choice(mode=m)) for m in self.modes}
+    self.boundary_only = self.evaluate(_Choice())
+    self.executions = _region_executions(program, self.whole["save-everything"])
+    self._model: _AdditiveModel | None = None
+
+  def _catalogue(self) -> dict[str, _Outcome]:
+    out = {}
+    for name in catalog.list_policies():
+      policy = catalog.get_policy(name)
+      if policy.offloads and not self.allow_offload:
+        continue
+      out[policy.name] = self.evaluate(self._as_choice(policy))
+    return out
+
+  def _as_choice(self, policy: Policy) -> _Choice:
+    if policy.save_everything:
+      return _Choice(mode="save-everything")
+    modes = {"all": "save-matmuls", "no-batch": "save-matmuls-no-batch",
+             "offload-no-batch": "offload-matmuls-no-batch"}
+    if policy.matmuls in modes:
+      return _Choice(mode=modes[policy.matmuls])
+    saved, offloaded = policy.expand(self.names)
+    present = frozenset(self.names)
+    return _Choice(save=saved & present, offload=offloaded & present)
+
+  def workspace(self, o: _Outcome) -> int:
+    """One region's internals: what recomputing it materialises again."""
+    whole = self.whole["save-everything"].device_bytes
+    return max(whole - o.device_bytes, 0) // self.executions
+
+  def peak_limit(self, budget: int) -> float:
+    """Kept-activation bytes at which kept + workspace reaches ``budget``."""
+    whole = self.whole["save-everything"].device_bytes
+    e = self.executions
+    if e == 1:
+      return math.inf if whole <= budget else -1.0
+    return min((budget - whole / e) / (1 - 1 / e), math.inf)
+
+  def model(self) -> _AdditiveModel:
+    """The additive model, measuring each name alone on first use."""
+    if self._model is None:
+      singles = {n: self.evaluate(_Choice(save=frozenset({n})))
+                 for n in self.names}
+      self._model = _AdditiveModel(self.boundary_only, singles,
+                                   self.evaluate.transfer, self.allow_offload)
+    return self._model
+
+  def solve(self, limits: _Limits, max_evaluations: int
+            ) -> tuple[_Outcome | None, bool]:
+    """The least-cost fitting outcome, and whether the search proved it.
+
+    The additive model's best predictions are measured first (so a good
+    plan exists early); the branch and bound then repairs or proves it over
+    real evaluations, up to ``max_evaluations`` of them.
+    """
+    search = _Search(self.evaluate, self.names, limits, self.allow_offload)
+    for choice in self.model().best(limits, _MODEL_CANDIDATES):
+      self.evaluate(choice)
+    # Whatever already fits is an incumbent that prunes the search.
+    for o in list(self.evaluate.outcomes()):
+      search.offer(o)
+    self.evaluate.limit = self.evaluate.evaluations + max_evaluations
+    try:
+      search.run()
+    finally:
+      self.evaluate.limit = None
+    best = search.best
+    if best is not None and not best.choice.mode:
+      best = _drop_useless(self.evaluate, best, limits)
+    return best, search.complete
+
+  def smallest(self) -> _Outcome:
+    return min(self.evaluate.outcomes(),
+               key=lambda o: (o.device_bytes, o.cost))
+
+  def named_fits(self, limits: _Limits) -> tuple[NamedFit, ...]:
+    return tuple(NamedFit(name=n, activation_bytes=o.device_bytes,
+                          offloaded_bytes=o.host_bytes,
+                          recompute_flops=o.recompute_flops,
+                          recompute_percent=o.report.recompute_percent,
+                          cost=o.cost, fits=limits.fit(o))
+                 for n, o in self.named.items())
+
+
+def _region_executions(program: TracedProgram, everything: _Outcome) -> int:
+  # For a chain of identical blocks: regions in the jaxpr, times the scan
+  # length their residuals are stacked over.
+  stacked = max((r.stacked for r in everything.report.activations), default=1)
+  return max(program.regions * stacked, 1)
+
+
+def _decisions(choice: _Choice, names: Sequence[str]) -> dict[str, str]:
+  if choice.mode:
+    return {}
+  return {n: "save" if n in choice.save else
+          "offload" if n in choice.offload else "recompute" for n in names}
+
+
+def _describe(choice: _Choice, budget: int, o: _Outcome) -> str:
+  if choice.mode:
+    what = f"the whole-model alternative {choice.mode}"
+  elif choice.save or choice.offload:
+    what = "keeps " + (", ".join(sorted(choice.save)) or "no tagged tensor")
+    if choice.offload:
+      what += "; offloads " + ", ".join(sorted(choice.offload))
+  else:
+    what = "keeps only region inputs"
+  return (f"Planned by remat_toolkit.plan for an activation budget of "
+          f"{format_bytes(budget)}: {what}; recomputes the rest "
+          f"({o.report.recompute_percent:.1f}% of a no-remat step).")
+
+
+def _infeasible(budget: int, planner: _Planner, complete: bool,
+                limit_label: str) -> ValueError:
+  small = planner.smallest()
+  name = small.choice.mode or (
+      "boundary-only" if small.choice == _Choice() else
+      _choice_label(small.choice))
+  why = "" if complete else (
+      " (the search stopped at its evaluation limit; raise max_evaluations)")
+  return ValueError(
+      f"No policy fits the {limit_label} of {format_bytes(budget)} "
+      f"({budget} bytes){why}: the least any policy keeps is "
+      f"{format_bytes(small.device_bytes)} ({small.device_bytes} bytes, "
+      f"{name}). Raise the budget to at least that, use a smaller "
+      "micro-batch, larger remat groups, or (jax_remat3 off) "
+      "allow_offload=True.")
+
+
+def _choice_label(choice: _Choice) -> str:
+  parts = []
+  if choice.save:
+    parts.append("save " + ", ".join(sorted(choice.save)))
+  if choice.offload:
+    parts.append("offload " + ", ".join(sorted(choice.offload)))
+  return "; ".join(parts)
+
+
+def _check_options(allow_offload: bool, host_budget: Any, host_bandwidth: Any,
+                   device_flops: Any, max_evaluations: Any) -> int | None:
+  if not isinstance(allow_offload, bool):
+    raise TypeError(f"allow_offload must be True or False, got {allow_offload!r}.")
+  if allow_offload and internals.remat3_enabled():
+    raise ValueError(
+        "allow_offload=True needs jax_remat3 off: remat3 ignores offloading "
+        "policies and would silently recompute everything. Call "
+        "jax.config.update('jax_remat3', False) or plan without offloading.")
+  if host_budget is not None and not allow_offload:
+    raise ValueError(
+        f"host_budget={host_budget!r} only matters with allow_offload=True; "
+        "pass allow_offload=True or drop host_budget.")
+  for label, value in (("host_bandwidth", host_bandwidth),
+                       ("device_flops", device_flops)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        0 < value < math.inf):
+      raise ValueError(f"{label} must be a positive number, got {value!r}.")
+  if (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int)
+      or max_evaluations < 1):
+    raise ValueError(
+        f"max_evaluations must be a positive integer, got {max_evaluations!r}.")
+  return None if host_budget is None else parse_bytes(host_budget)
+
+
+def _plan_on(planner: _Planner, budget: int, *, host_budget: int | None,
+             host_bandwidth: float, device_flops: float, max_evaluations: int,
+             peak: bool, group: Any = None) -> Plan:
+  """Plans on one program; ``peak`` budgets kept + workspace instead of kept."""
+  device = planner.peak_limit(budget) if peak else budget
+  limits = _Limits(device=min(device, budget),
+                   host=math.inf if host_budget is None else host_budget)
+  start = planner.evaluate.evaluations
+  best, complete = planner.solve(limits, max_evaluations)
+  if best is None:
+    raise _infeasible(budget, planner, complete,
+                      "peak budget" if peak else "activation budget")
+  choice = best.choice
+  name = f"plan-{choice.digest()}"
+  policy = choice.policy(name, _describe(choice, budget, best))
+  workspace = planner.workspace(best)
+  return Plan(
+      policy=policy, budget=budget, activation_bytes=best.device_bytes,
+      offloaded_bytes=best.host_bytes, recompute_flops=best.recompute_flops,
+      recompute_percent=best.report.recompute_percent, cost=best.cost,
+      decisions=_decisions(choice, planner.names),
+      named=planner.named_fits(limits), report=best.report,
+      optimal=complete, evaluations=planner.evaluate.evaluations - start,
+      smallest_bytes=planner.smallest().device_bytes,
+      workspace_bytes=workspace, estimated_peak=best.device_bytes + workspace,
+      group=group, host_budget=host_budget, host_bandwidth=host_bandwidth,
+      device_flops=device_flops)
+
+
+GroupsLike = (Mapping[Any, tuple[Callable[..., Any], Sequence[Any]]]
+              | Callable[[Any], tuple[Callable[..., Any], Sequence[Any]]])
+
+
+def _layouts(groups: Any, sizes: Sequence[Any] | None
+             ) -> list[tuple[Any, Callable[[], tuple[Callable, Sequence]]]]:
+  if isinstance(groups, Mapping):
+    if sizes is not None:
+      raise ValueError("group_sizes only applies when groups is a callable; "
+                       "with a mapping its keys are the group sizes.")
+    return [(g, (lambda v=v: v)) for g, v in groups.items()]
+  if callable(groups):
+    chosen = DEFAULT_GROUP_SIZES if sizes is None else tuple(sizes)
+    if not chosen:
+      raise ValueError("group_sizes is empty; give at least one group size.")
+    return [(g, (lambda g=g: groups(g))) for g in chosen]
+  raise TypeError(
+      f"groups must be a mapping group size -> (fn, args) or a callable "
+      f"group size -> (fn, args), got {groups!r}.")
+
+
+def _unpack_layout(group: Any, value: Any) -> tuple[Callable, tuple]:
+  if (not isinstance(value, (tuple, list)) or len(value) != 2
+      or not callable(value[0]) or not isinstance(value[1], (tuple, list))):
+    raise TypeError(
+        f"groups[{group!r}] must be a pair (fn, args) with args a tuple of "
+        f"fn's arguments, got {value!r}.")
+  return value[0], tuple(value[1])
+
+
+def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
+         allow_offload: bool = False, host_budget: int | str | None = None,
+         host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
+         device_flops: float = DEFAULT_DEVICE_FLOPS,
+         groups: GroupsLike | None = None,
+         group_sizes: Sequence[Any] | None = None,
+         max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> Plan:
+  """The policy with the least recompute whose activations fit ``budget``.
+
+  Args:
+    fn: returns a scalar loss; its remat regions built with ``policy=None``
+      take the candidate policies.
+    *args: arrays or ``jax.ShapeDtypeStruct`` pytrees (nothing is allocated).
+    budget: device bytes for the activations kept for the backward pass, as
+      an int or a string such as ``"8GiB"``. Parameters, gradients and
+      optimizer state are not included (see :func:`rt.memory_breakdown`).
+    allow_offload: also consider moving names to host memory (needs
+      ``jax_remat3`` off).
+    host_budget: host bytes offloading may use (default: unlimited).
+    host_bandwidth: bytes/s each way between device and host, to cost
+      transfers.
+    device_flops: FLOP/s, to convert transfer seconds into FLOP-equivalents.
+    groups: other layouts of the same model, by group size (blocks per remat
+      region): a mapping ``group -> (fn, args)`` or a callable
+      ``group -> (fn, args)``. With groups, the budget bounds the
+      *estimated peak* (kept activations plus one region's internals while it
+      is recomputed) of every layout, ``fn`` itself included as "as given",
+      and the plan takes the layout with the least recompute.
+    group_sizes: the sizes passed to a callable ``groups`` (default
+      :data:`DEFAULT_GROUP_SIZES`); a size the callable rejects with
+      ``ValueError`` is reported and skipped.
+    max_evaluations: analyzer evaluations the search may take; past it the
+      best plan found is returned with ``optimal=False``.
+
+  Returns:
+    A :class:`Plan`.
+
+  Raises:
+    ValueError: a budget below the least any policy keeps (the message says
+      how much that is), a malformed size, ``fn`` without remat regions, or
+      offloading under ``jax_remat3``.
+    TypeError: malformed ``groups``.
+  """
+  limit = parse_bytes(budget)
+  host = _check_options(allow_offload, host_budget, host_bandwidth,
+                        device_flops, max_evaluations)
+  options = dict(host_budget=host, host_bandwidth=float(host_bandwidth),
+                 device_flops=float(device_flops),
+                 max_evaluations=max_evaluations)
+
+  def planner_for(f, a):
+    return _Planner(TracedProgram(f, a), allow_offload=allow_offload,
+                    host_bandwidth=float(host_bandwidth),
+                    device_flops=float(device_flops))
+
+  if groups is None:
+    return _plan_on(planner_for(fn, args), limit, peak=False, **options)
+  layouts = [(None, lambda: (fn, args))] + _layouts(groups, group_sizes)
+  return _plan_groups(layouts, limit, planner_for, options)
+
+
+def _plan_groups(layouts, limit: int, planner_for, options) -> Plan:
+  plans: list[Plan] = []
+  estimates: list[GroupEstimate] = []
+  smallest: int | None = None
+  for group, build in layouts:
+    try:
+      fn, args = _unpack_layout(group, build())
+      planner = planner_for(fn, args)
+    except ValueError as e:
+      estimates.append(GroupEstimate(group, 0, 0, 0, 0, 0, 0, "", False,
+                                     f"skipped: {e}"))
+      continue
+    boundary = planner.boundary_only
+    try:
+      p = _plan_on(planner, limit, peak=True, group=group, **options)
+    except ValueError:
+      peak = boundary.device_bytes + planner.workspace(boundary)
+      smallest = peak if smallest is None else min(smallest, peak)
+      estimates.append(GroupEstimate(
+          group, planner.executions, boundary.device_bytes,
+          planner.workspace(boundary), boundary.device_bytes, peak,
+          boundary.recompute_flops, "", False, "nothing fits"))
+      continue
+    plans.append(p)
+    smallest = p.estimated_peak if smallest is None else min(smallest, p.estimated_peak)
+    estimates.append(GroupEstimate(
+        group, planner.executions, boundary.device_bytes, p.workspace_bytes,
+        p.activation_bytes, p.estimated_peak, p.recompute_flops,
+        p.policy.name, True))
+  if not plans:
+    least = "" if smallest is None else (
+        f"; the smallest estimated peak of any layout is "
+        f"{format_bytes(smallest)} ({smallest} bytes)")
+    raise ValueError(
+        f"No group size fits the peak budget of {format_bytes(limit)} "
+        f"({limit} bytes){least}. Raise the budget or use a smaller "
+        "micro-batch.")
+  best = min(plans, key=lambda p: (p.cost, p.estimated_peak))
+  return dataclasses.replace(best, groups=tuple(estimates))
+
+
+# ==================================================================== frontier
+
+@dataclasses.dataclass(frozen=True)
+class FrontierPoint:
+  """One policy on the memory-vs-recompute plane.
+
+  Attributes:
+    label: the policy's name, or ``plan@SIZE`` for a plan.
+    source: ``"named"`` (from the catalogue or given) or ``"plan"``.
+    policy: the :class:`Policy`.
+    activation_bytes: device bytes kept.
+    offloaded_bytes: host bytes moved.
+    recompute_flops: FLOPs recomputed.
+    recompute_percent: the same, in percent of a no-remat step.
+    budget: the plan's budget (None for named policies).
+    on_frontier: no other point keeps fewer bytes with no more recompute
+      (or the same bytes with less).
+  """
+
+  label: str
+  source: str
+  policy: Policy
+  activation_bytes: int
+  offloaded_bytes: int
+  recompute_flops: int
+  recompute_percent: float
+  budget: int | None
+  on_frontier: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontier:
+  """The memory-vs-recompute Pareto frontier of named policies and plans.
+
+  Attributes:
+    points: every point, least memory first.
+  """
+
+  points: tuple[FrontierPoint, ...]
+
+  @property
+  def frontier(self) -> tuple[FrontierPoint, ...]:
+    """The Pareto-optimal points, least memory first."""
+    return tuple(p for p in self.points if p.on_frontier)
+
+  def rows(self) -> list[dict[str, Any]]:
+    """One record per point (the table's data)."""
+    return [{"label": p.label, "source": p.source,
+             "activation_bytes": p.activation_bytes,
+             "offloaded_bytes": p.offloaded_bytes,
+             "recompute_flops": p.recompute_flops,
+             "recompute_percent": p.recompute_percent, "budget": p.budget,
+             "on_frontier": p.on_frontier} for p in self.points]
+
+  def _table(self) -> tuple[list[str], list[list[str]]]:
+    body = [[p.label, p.source, format_bytes(p.activation_bytes),
+             format_bytes(p.offloaded_bytes) if p.offloaded_bytes else "-",
+             f"{p.recompute_percent:.1f}%", "*" if p.on_frontier else ""]
+            for p in self.points]
+    return ["policy", "source", "activations", "offloaded", "recompute",
+            "frontier"], body
+
+  def __str__(self) -> str:
+    headers, body = self._table()
+    return (text_table(headers, body,
+                       right=[False, False, True, True, True, False])
+            + "\n* = Pareto-optimal (no point keeps fewer bytes with no more "
+            "recompute)")
+
+  def _repr_html_(self) -> str:
+    headers, body = self._table()
+    return html_table(headers, body, caption="Memory vs recompute (bold: frontier)",
+                      highlight=[p.on_frontier for p in self.points])
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"points": self.rows()}
+
+  def to_json(self, **kwargs: Any) -> str:
+    return json.dumps(self.to_dict(), **kwargs)
+
+  def to_dataframe(self):
+    """One row per point (needs pandas)."""
+    try:
+      import pandas as pd
+    except ImportError:
+      raise ImportError("Frontier.to_dataframe needs pandas; install it with "
+                        "`pip install 'remat-toolkit[display]'`.") from None
+    return pd.DataFrame(self.rows())
+
+  def plot(self, ax=None):
+    """Recompute vs memory, frontier joined, plans marked (needs matplotlib)."""
+    try:
+      import matplotlib.pyplot as plt
+    except ImportError:
+      raise ImportError("Frontier.plot needs matplotlib; install it with "
+                        "`pip install 'remat-toolkit[display]'`.") from None
+    if ax is None:
+      _, ax = plt.subplots(figsize=(7, 4.5))
+    for source, marker in (("named", "o"), ("plan", "^")):
+      pts = [p for p in self.points if p.source == source]
+      ax.scatter([p.activation_bytes / 2**20 for p in pts],
+                 [p.recompute_percent for p in pts], marker=marker,
+                 c=["tab:red" if p.on_frontier else "tab:gray" for p in pts],
+                 label=source)
+    for p in self.points:
+      if p.source == "named":
+        ax.annotate(p.label, (p.activation_bytes / 2**20, p.recompute_percent),
+                    fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front = self.frontier
+    ax.step([p.activation_bytes / 2**20 for p in front],
+            [p.recompute_percent for p in front], where="post",
+            color="tab:red", lw=1)
+    ax.set_xlabel("activation memory kept (MiB)")
+    ax.set_ylabel("recompute FLOPs (% of a no-remat step)")
+    ax.set_title("remat: memory vs recompute")
+    ax.legend()
+    return ax
+
+
+def _pareto(points: Sequence[tuple[int, float]]) -> list[bool]:
+  return [not any(b2 <= b and c2 <= c and (b2 < b or c2 < c)
+                  for b2, c2 in points) for b, c in points]
+
+
+def frontier(fn: Callable[..., Any], *args: Any,
+             policies: Sequence[str | Policy] | None = None,
+             budgets: Sequence[int | str] | int | None = None,
+             max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> Frontier:
+  """The memory-vs-recompute frontier over named policies and plans.
+
+  The model is traced once; plans at different budgets share evaluations.
+
+  Args:
+    fn: returns a scalar loss; see :func:`plan`.
+    *args: arrays or ``jax.ShapeDtypeStruct`` pytrees.
+    policies: names or Policies to place (default: every catalogue policy
+      that does not offload; offloading is a third axis).
+    budgets: activation budgets to plan at, or how many, spread evenly from
+      ``boundary-only`` to ``save-everything`` (default 8).
+    max_evaluations: per plan; see :func:`plan`.
+
+  Returns:
+    A :class:`Frontier`.
+  """
+  program = TracedProgram(fn, args)
+  planner = _Planner(program, allow_offload=False,
+                     host_bandwidth=DEFAULT_HOST_BANDWIDTH,
+                     device_flops=DEFAULT_DEVICE_FLOPS)
+  named = _frontier_named(planner, policies)
+  plans = _frontier_plans(planner, budgets, max_evaluations)
+  items = named + plans
+  flags = _pareto([(p.activation_bytes, p.recompute_flops) for p in items])
+  points = [dataclasses.replace(p, on_frontier=f)
+            for p, f in zip(items, flags, strict=True)]
+  points.sort(key=lambda p: (p.activation_bytes, p.recompute_flops, p.label))
+  return Frontier(points=tuple(points))
+
+
+def _point(label: str, source: str, policy: Policy, o: _Outcome,
+           budget: int | None) -> FrontierPoint:
+  return FrontierPoint(label=label, source=source, policy=policy,
+                       activation_bytes=o.device_bytes,
+                       offloaded_bytes=o.host_bytes,
+                       recompute_flops=o.recompute_flops,
+                       recompute_percent=o.report.recompute_percent,
+                       budget=budget, on_frontier=False)
+
+
+def _frontier_named(planner: _Planner, policies) -> list[FrontierPoint]:
+  if policies is None:
+    chosen = [catalog.get_policy(n) for n in planner.named]
+  else:
+    if isinstance(policies, (str, Policy)):
+      raise TypeError(f"policies must be a list of names, got {policies!r}; "
+                      f"write policies=[{policies!r}].")
+    chosen = [catalog.get_policy(p) for p in policies]
+  out = []
+  for policy in chosen:
+    if policy.offloads and internals.remat3_enabled():
+      raise ValueError(
+          f"Policy {policy.name!r} offloads, which jax_remat3 does not "
+          "support; turn jax_remat3 off or leave it out of policies.")
+    o = planner.evaluate(planner._as_choice(policy))
+    out.append(_point(policy.name, "named", policy, o, None))
+  return out
+
+
+def _frontier_budgets(planner: _Planner, budgets) -> list[int]:
+  if budgets is None or (isinstance(budgets, int) and not isinstance(budgets, bool)):
+    count = 8 if budgets is None else budgets
+    if count < 1:
+      raise ValueError(f"budgets must be a positive count or a list of sizes, "
+                       f"got {budgets!r}.")
+    lo = planner.boundary_only.device_bytes
+    hi = planner.whole["save-everything"].device_bytes
+    if count == 1:
+      return [hi]
+    return sorted({round(lo + (hi - lo) * i / (count - 1)) for i in range(count)})
+  if isinstance(budgets, (str, bytes)):
+    raise TypeError(f"budgets must be a list of sizes or a count, got "
+                    f"{budgets!r}; write budgets=[{budgets!r}].")
+  return [parse_bytes(b) for b in budgets]
+
+
+def _frontier_plans(planner: _Planner, budgets, max_evaluations: int
+                    ) -> list[FrontierPoint]:
+  out: list[FrontierPoint] = []
+  seen: set[_Choice] = set()
+  for budget in _frontier_budgets(planner, budgets):
+    limits = _Limits(device=budget, host=math.inf)
+    best, _ = planner.solve(limits, max_evaluations)
+    if best is None or best.choice in seen:
+      continue
+    seen.add(best.choice)
+    policy = best.choice.policy(f"plan-{best.choice.digest()}",
+                                _describe(best.choice, budget, best))
+    out.append(_point(f"plan@{format_bytes(budget)}", "plan", policy, best,
+                      budget))
+  return out

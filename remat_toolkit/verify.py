@@ -1,0 +1,510 @@
+"""Checks that a remat policy is correct and does what its name says.
+
+:func:`verify` answers three questions about ``fn`` under one policy:
+
+* **Gradients**: are they the gradients of the same program with no remat at
+  all? The reference inlines every remat region (what "without remat" means
+  under both remat implementations: under ``jax_remat3`` JAX's
+  ``everything_saveable`` still recomputes un-named values, so it is no
+  baseline).
+* **No-op**: does the policy keep exactly what ``save-everything`` or
+  ``boundary-only`` keeps, although it names something else? (JAX's stubbed
+  ``save_anything_except_these_names`` saves everything;
+  ``dots_with_no_batch_dims_saveable`` saves nothing under ``vmap``; a
+  policy whose names are absent from the model keeps only region inputs.)
+* **Warnings**: effects inside a remat region run again when it is
+  recomputed (``jax.debug.print``, ``jax.debug.callback``, ``io_callback``,
+  ``pure_callback``), and a function whose trace differs between two traces
+  reads Python-side state.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import remat_toolkit as rt
+  >>> @rt.remat
+  ... def block(w, x):
+  ...   return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+  >>> loss = lambda w, x: block(w, x).sum()
+  >>> w, x = jnp.full((4, 4), 0.1), jnp.ones((2, 4))
+  >>> result = rt.verify(loss, w, x, policy="save-ffn")
+  >>> result.ok, result.no_op, result.warnings
+  (True, None, ())
+  >>> rt.verify(loss, w, x, policy="save-attention").no_op
+  'boundary-only'
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import analysis
+from remat_toolkit import catalog
+from remat_toolkit import context
+from remat_toolkit.policy import Policy
+
+__all__ = ["Verification", "verify", "default_tolerances", "random_inputs"]
+
+#: ``(rtol, atol)`` by the narrowest floating dtype the program computes in.
+#: Two compilations of one program may fuse and reduce in another order, so
+#: the check is norm-wise: ``max|g - g_ref| <= atol + rtol * max|g_ref|``.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-10, 1e-12),
+    "float32": (1e-5, 1e-7),
+    "float16": (2e-2, 1e-4),
+    "bfloat16": (2e-2, 1e-4),
+}
+
+_EVERYTHING = "save-everything"
+_NOTHING = "boundary-only"
+
+
+# ================================================================ the result
+
+@dataclasses.dataclass(frozen=True)
+class Verification:
+  """What :func:`verify` found about one policy on one function.
+
+  Attributes:
+    policy: the policy's name (or the JAX policy's repr).
+    ok: gradients with remat equal gradients without remat within
+      tolerance; None when values were not checked.
+    max_abs_diff: ``max |g_remat - g_ref|`` over every gradient leaf (and
+      the loss); None when values were not checked.
+    max_rel_diff: the largest per-leaf ``max |g_remat - g_ref| / max |g_ref|``.
+    worst_leaf: the argument path of the leaf with the largest relative
+      difference.
+    rtol: relative tolerance used.
+    atol: absolute tolerance used.
+    inputs: where the values came from: ``"given"``, ``"random (seed=N)"``
+      for abstract arguments, or ``"not checked"``.
+    reference: what the gradients were compared with.
+    no_op: ``"save-everything"`` or ``"boundary-only"`` when the policy keeps
+      exactly what that policy keeps although it names something else.
+    warnings: effects recomputed inside remat regions, traces that differ,
+      policies ignored by the remat implementation in use.
+    regions: remat regions that took the policy (ambient regions).
+    activation_bytes: device activation bytes the policy keeps.
+    offloaded_bytes: activation bytes it moves to host memory.
+  """
+
+  policy: str
+  ok: bool | None
+  max_abs_diff: float | None
+  max_rel_diff: float | None
+  worst_leaf: str
+  rtol: float
+  atol: float
+  inputs: str
+  reference: str
+  no_op: str | None
+  warnings: tuple[str, ...]
+  regions: int
+  activation_bytes: int
+  offloaded_bytes: int
+
+  @property
+  def problems(self) -> list[str]:
+    """Every finding, one sentence each; empty when all is well."""
+    found = []
+    if self.ok is False:
+      found.append(
+          f"gradients with remat differ from gradients without remat: max "
+          f"abs diff {self.max_abs_diff:.3g}, max rel diff "
+          f"{self.max_rel_diff:.3g} (worst at {self.worst_leaf}), above "
+          f"rtol={self.rtol:g}, atol={self.atol:g}")
+    if self.no_op is not None:
+      found.append(
+          f"policy {self.policy!r} is a no-op: it keeps exactly what "
+          f"{self.no_op!r} keeps")
+    found.extend(self.warnings)
+    return found
+
+  @property
+  def passed(self) -> bool:
+    """No problem found (unchecked gradient values do not count as one)."""
+    return not self.problems
+
+  def summary_lines(self) -> list[str]:
+    lines = [f"verify {self.policy}: {'PASSED' if self.passed else 'PROBLEMS FOUND'}"]
+    if self.ok is None:
+      lines.append(f"  gradients: not checked ({self.inputs})")
+    else:
+      lines.append(
+          f"  gradients: {'equal' if self.ok else 'DIFFERENT'}; max abs diff "
+          f"{self.max_abs_diff:.3g}, max rel diff {self.max_rel_diff:.3g} "
+          f"(rtol {self.rtol:g}, atol {self.atol:g}; inputs {self.inputs})")
+    lines.append(f"  reference: {self.reference}")
+    lines.append(f"  remat regions taking the policy: {self.regions}; keeps "
+                 f"{self.activation_bytes} activation bytes on device"
+                 + (f", {self.offloaded_bytes} on host"
+                    if self.offloaded_bytes else ""))
+    lines.append("  no-op: " + (f"yes, keeps what {self.no_op!r} keeps"
+                                if self.no_op else "no"))
+    for w in self.warnings:
+      lines.append(f"  warning: {w}")
+    return lines
+
+  def __str__(self) -> str:
+    return "\n".join(self.summary_lines())
+
+  def to_dict(self) -> dict[str, Any]:
+    """Plain data, with ``passed`` and ``problems``."""
+    out = dataclasses.asdict(self)
+    out["warnings"] = list(self.warnings)
+    out["passed"] = self.passed
+    out["problems"] = self.problems
+    return out
+
+  def to_json(self, **kwargs: Any) -> str:
+    """:meth:`to_dict` as JSON."""
+    return json.dumps(self.to_dict(), **kwargs)
+
+
+# ================================================================ policies
+
+@dataclasses.dataclass(frozen=True)
+class _RawPolicy:
+  """A raw JAX policy callable, shaped like a Policy for the analyzer."""
+
+  name: str
+  jax_policy: Any
+  offloads: bool = False
+
+  def to_jax(self, names: Any = None) -> Any:
+    del names
+    return self.jax_policy
+
+
+def _resolve(policy: Any) -> Policy | _RawPolicy:
+  if policy is None:
+    return context.current_policy()
+  if isinstance(policy, (str, Policy)):
+    return catalog.get_policy(policy)
+  if callable(policy):
+    name = getattr(policy, "__qualname__", None) or repr(policy)
+    return _RawPolicy(name=name, jax_policy=policy)
+  raise TypeError(
+      f"policy must be a policy name, a remat_toolkit.Policy, a "
+      f"jax.checkpoint_policies policy or None (the ambient policy), got "
+      f"{policy!r}; e.g. policy='save-attention'.")
+
+
+def _names_something(policy: Policy | _RawPolicy) -> bool:
+  """Whether the policy claims to keep something other than all or nothing."""
+  if isinstance(policy, _RawPolicy):
+    cp = jax.checkpoint_policies
+    return policy.jax_policy not in (cp.everything_saveable, cp.nothing_saveable)
+  if policy.save_everything:
+    return False
+  return bool(policy.save or policy.offload) or policy.matmuls != "none"
+
+
+# ================================================================ inputs
+
+def random_inputs(leaves: Sequence[Any], seed: int = 0) -> list[Any]:
+  """Concrete arrays for abstract argument leaves, deterministic in ``seed``.
+
+  Floating leaves are ``N(0, 1) / sqrt(fan_in)`` with ``fan_in`` the
+  second-to-last dimension (1 for vectors and scalars), so activations stay
+  of order one through matmuls; integer and boolean leaves are zeros (always
+  valid token ids and indices); PRNG key leaves are split from
+  ``jax.random.key(seed)``. Leaves with a sharding are placed with it.
+
+  Args:
+    leaves: arrays (returned unchanged) or ``jax.ShapeDtypeStruct`` s.
+    seed: the random seed.
+
+  Returns:
+    One array per leaf.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from remat_toolkit.verify import random_inputs
+    >>> x, = random_inputs([jax.ShapeDtypeStruct((4, 3), jnp.float32)])
+    >>> x.shape, x.dtype
+    ((4, 3), dtype('float32'))
+  """
+  keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+  out = []
+  for key, leaf in zip(keys, leaves):
+    if not isinstance(leaf, jax.ShapeDtypeStruct):
+      out.append(leaf)
+      continue
+    value = _random_leaf(key, leaf.shape, leaf.dtype)
+    sharding = getattr(leaf, "sharding", None)
+    out.append(jax.device_put(value, sharding) if sharding is not None else value)
+  return out
+
+
+def _random_leaf(key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+  if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    return jax.random.split(key, max(1, math.prod(shape))).reshape(shape)
+  if jnp.issubdtype(dtype, jnp.inexact):
+    fan_in = shape[-2] if len(shape) >= 2 else 1
+    scale = 1.0 / math.sqrt(max(fan_in, 1))
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+  return jnp.zeros(shape, dtype)
+
+
+def _concrete_leaves(args: Sequence[Any], seed: int) -> tuple[list[Any], str]:
+  leaves = jax.tree_util.tree_leaves(args)
+  abstract = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
+  if not any(abstract):
+    return [jnp.asarray(x) if not isinstance(x, jax.Array) else x
+            for x in leaves], "given"
+  return random_inputs(leaves, seed), f"random (seed={seed})"
+
+
+def default_tolerances(dtypes: Sequence[Any]) -> tuple[float, float]:
+  """``(rtol, atol)`` for the narrowest of ``dtypes`` (see :data:`TOLERANCES`).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from remat_toolkit.verify import default_tolerances
+    >>> default_tolerances([jnp.float32, jnp.bfloat16])
+    (0.02, 0.0001)
+  """
+  chosen = (0.0, 0.0)
+  for dtype in dtypes:
+    chosen = max(chosen, TOLERANCES.get(np.dtype(dtype).name, (1e-5, 1e-7)))
+  return chosen if chosen != (0.0, 0.0) else TOLERANCES["float32"]
+
+
+# ================================================================ gradients
+
+def _value_and_grads(jaxpr: Any, consts: list[Any], leaves: list[Any],
+                     diff: tuple[int, ...]) -> tuple[Any, tuple[Any, ...]]:
+  def loss(*xs):
+    return internals.eval_jaxpr(jaxpr, consts, *xs)[0]
+
+  return jax.jit(jax.value_and_grad(loss, argnums=diff))(*leaves)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Diff:
+  ok: bool
+  max_abs: float
+  max_rel: float
+  worst: str
+
+
+def _compare(got: list[Any], want: list[Any], labels: list[str], rtol: float,
+             atol: float) -> _Diff:
+  ok, max_abs, max_rel, worst = True, 0.0, 0.0, labels[0] if labels else ""
+  for a, b, label in zip(got, want, labels, strict=True):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    diff = float(np.max(np.abs(a - b), initial=0.0))
+    if not np.all(np.isfinite(a) == np.isfinite(b)):
+      diff = math.inf
+    scale = float(np.max(np.abs(b[np.isfinite(b)]), initial=0.0))
+    rel = diff / scale if scale else (0.0 if diff == 0 else math.inf)
+    ok &= diff <= atol + rtol * scale
+    max_abs = max(max_abs, diff)
+    if rel > max_rel:
+      max_rel, worst = rel, label
+  return _Diff(bool(ok), max_abs, max_rel, worst)
+
+
+# ================================================================ findings
+
+def _residual_signature(residuals: Sequence[analysis.Residual]) -> collections.Counter:
+  return collections.Counter(
+      (r.shape, r.dtype, r.kind, r.name, r.primitive, r.module_path,
+       r.memory_kind, r.stacked) for r in residuals)
+
+
+def _no_op(program: analysis.TracedProgram, policy: Policy | _RawPolicy,
+           kept: collections.Counter) -> str | None:
+  if not _names_something(policy) or program.regions == 0:
+    return None
+  everything = _residual_signature(
+      program.residuals(catalog.get_policy(_EVERYTHING)))
+  nothing = _residual_signature(program.residuals(catalog.get_policy(_NOTHING)))
+  if everything == nothing:  # the regions hold nothing a policy could choose
+    return None
+  if kept == everything:
+    return _EVERYTHING
+  if kept == nothing:
+    return _NOTHING
+  return None
+
+
+def _effect_warnings(program: analysis.TracedProgram) -> list[str]:
+  out = []
+  for site in internals.effects_in_remat_regions(program.jaxpr.jaxpr):
+    where = site.source or site.module_path or "the traced function"
+    text = (f"{site.primitive} at {where} is inside a remat region: it runs "
+            "in the forward pass and again each time the backward pass "
+            "recomputes the region")
+    if site.primitive == "io_callback":
+      text += ("; JAX cannot differentiate a remat region with an IO effect, "
+               "so move the io_callback out of the region")
+    elif site.primitive == "pure_callback":
+      text += "; harmless only if the callback really is pure"
+    else:
+      text += "; move it out of the region or expect it to repeat"
+    out.append(text + ".")
+  return out
+
+
+def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
+                     program: analysis.TracedProgram) -> str | None:
+  leaves, treedef = jax.tree_util.tree_flatten(args)
+  del leaves
+
+  def flat_fn(*xs):
+    return fn(*jax.tree_util.tree_unflatten(treedef, xs))
+
+  with context.override_ambient_regions(program._marker):
+    second, _ = internals.trace_program(flat_fn, program._leaves)
+  difference = internals.trace_difference(program.jaxpr, second)
+  if difference is None:
+    return None
+  return (f"fn traced differently the second time ({difference}): it reads "
+          "Python-side state (a counter, random.random(), a global) while "
+          "tracing, so every retrace under jit bakes in other values; pass "
+          "that state as an argument instead.")
+
+
+def _remat3_warning(policy: Policy | _RawPolicy) -> str | None:
+  if (isinstance(policy, _RawPolicy) and internals.remat3_enabled()
+      and not internals.remat3_honours(policy.jax_policy)):
+    return (f"jax_remat3 is on and does not honour the JAX policy "
+            f"{policy.name!r} (only JAX's own policy classes, "
+            "everything_saveable and nothing_saveable): every region "
+            "recomputes everything; use a named remat_toolkit policy.")
+  return None
+
+
+def _region_warnings(program: analysis.TracedProgram, explicit: bool,
+                     policy_name: str) -> list[str]:
+  if internals.count_remat_regions(program.jaxpr.jaxpr) == 0:
+    return ["fn has no remat region at all, so nothing is recomputed and "
+            "there is nothing to verify; wrap blocks with remat_toolkit.remat "
+            "or remat_toolkit.remat_modules."]
+  if explicit and program.regions == 0:
+    return [f"no remat region in fn reads the ambient policy, so policy "
+            f"{policy_name!r} changes nothing; build regions with "
+            "remat_toolkit.remat and policy left as None."]
+  return []
+
+
+# ================================================================ verify
+
+def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
+           strict: bool = False, rtol: float | None = None,
+           atol: float | None = None, check_values: bool = True,
+           seed: int = 0) -> Verification:
+  """Checks ``fn``'s gradients, residuals and effects under ``policy``.
+
+  Args:
+    fn: returns a scalar loss; its remat regions built with ``policy=None``
+      take ``policy``.
+    *args: arrays or ``jax.ShapeDtypeStruct`` pytrees. Abstract leaves get
+      :func:`random_inputs` (seeded with ``seed``) for the gradient check.
+    policy: a policy name, :class:`Policy`, a raw ``jax.checkpoint_policies``
+      policy, or None for the ambient policy.
+    strict: raise instead of returning when a problem is found.
+    rtol: relative tolerance of the gradient check (default by dtype, see
+      :data:`TOLERANCES`).
+    atol: absolute tolerance (default by dtype).
+    check_values: False skips computing gradients (``ok`` is then None).
+    seed: seed of the random inputs built for abstract arguments.
+
+  Returns:
+    A :class:`Verification`.
+
+  Raises:
+    ValueError: unknown policy name, non-scalar loss, no float argument, an
+      offloading policy under ``jax_remat3``, or (``strict=True``) any
+      problem found, all listed.
+    TypeError: a policy of the wrong type, a non-array argument, or
+      tolerances that are not numbers.
+  """
+  for label, value in (("rtol", rtol), ("atol", atol)):
+    if value is not None and (isinstance(value, bool) or not isinstance(
+        value, (int, float)) or value < 0):
+      raise TypeError(
+          f"{label} must be a non-negative number or None (by dtype), got "
+          f"{value!r}; e.g. {label}=1e-5.")
+  if isinstance(seed, bool) or not isinstance(seed, int):
+    raise TypeError(f"seed must be an int, got {seed!r}; e.g. seed=0.")
+  resolved = _resolve(policy)
+  program = analysis.TracedProgram(fn, args)
+  with_remat = program._substituted(resolved)  # raises for offload + remat3
+  residuals = program.residuals(resolved)
+  kept = _residual_signature(residuals)
+
+  warnings = _region_warnings(program, policy is not None, resolved.name)
+  for extra in (_remat3_warning(resolved), _retrace_warning(fn, args, program)):
+    if extra:
+      warnings.append(extra)
+  warnings.extend(_effect_warnings(program))
+
+  default = default_tolerances(internals.float_dtypes_in(program.jaxpr.jaxpr))
+  rtol = default[0] if rtol is None else float(rtol)
+  atol = default[1] if atol is None else float(atol)
+  reference, left = internals.strip_remat(program.jaxpr.jaxpr)
+  reference_text = "the same program with every remat region inlined"
+  if left:
+    reference_text += (f" ({left} region(s) that captured constants kept "
+                       "with everything_saveable)")
+
+  diff, inputs = None, "not checked"
+  if check_values:
+    diff, inputs = _check_gradients(program, args, with_remat, reference,
+                                    rtol, atol, seed, warnings)
+  result = Verification(
+      policy=resolved.name,
+      ok=None if diff is None else diff.ok,
+      max_abs_diff=None if diff is None else diff.max_abs,
+      max_rel_diff=None if diff is None else diff.max_rel,
+      worst_leaf="" if diff is None else diff.worst,
+      rtol=rtol, atol=atol, inputs=inputs, reference=reference_text,
+      no_op=_no_op(program, resolved, kept), warnings=tuple(warnings),
+      regions=program.regions,
+      activation_bytes=sum(r.nbytes for r in residuals if r.kind == "activation"
+                           and r.memory_kind == "device"),
+      offloaded_bytes=sum(r.nbytes for r in residuals if r.kind == "activation"
+                          and r.memory_kind == "host"))
+  if strict and result.problems:
+    listed = "; ".join(f"({i}) {p}" for i, p in enumerate(result.problems, 1))
+    raise ValueError(
+        f"verify found {len(result.problems)} problem(s) with policy "
+        f"{result.policy!r}: {listed}. Call verify(..., strict=False) to "
+        "inspect the Verification.")
+  return result
+
+
+def _check_gradients(program: analysis.TracedProgram, args: Sequence[Any],
+                     with_remat: Any, reference: Any, rtol: float, atol: float,
+                     seed: int, warnings: list[str]
+                     ) -> tuple[_Diff | None, str]:
+  leaves, inputs = _concrete_leaves(args, seed)
+  diff_idx = tuple(i for i, x in enumerate(leaves)
+                   if jnp.issubdtype(x.dtype, jnp.inexact))
+  consts = program.jaxpr.consts
+  try:
+    loss, grads = _value_and_grads(with_remat, consts, leaves, diff_idx)
+  except NotImplementedError as e:
+    if "ffects" not in str(e):
+      raise
+    warnings.append(f"gradients could not be computed with remat: JAX "
+                    f"refused an effect inside a remat region ({e}).")
+    return None, "not checked"
+  ref_loss, ref_grads = _value_and_grads(reference, consts, leaves, diff_idx)
+  paths = [jax.tree_util.keystr(p) for p, _ in
+           jax.tree_util.tree_flatten_with_path(args)[0]]
+  labels = ["loss"] + [paths[i] or f"argument {i}" for i in diff_idx]
+  return _compare([loss, *grads], [ref_loss, *ref_grads], labels, rtol,
+                  atol), inputs

@@ -1,0 +1,227 @@
+"""``remat-toolkit list`` and ``remat-toolkit show``."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import remat_toolkit as rt
+from remat_toolkit import catalog
+from remat_toolkit import cli
+
+
+@pytest.fixture(autouse=True)
+def restore_registry():
+  """``--policies`` adds to the process-global catalogue; put it back."""
+  reg = catalog._REGISTRY
+  reg._ensure_loaded()
+  saved = (dict(reg._policies), dict(reg._aliases), dict(reg._sources),
+           reg._loaded_env, reg._builtins_loaded)
+  yield
+  with reg._lock:
+    (policies, aliases, sources, reg._loaded_env,
+     reg._builtins_loaded) = saved
+    reg._policies, reg._aliases, reg._sources = (
+        dict(policies), dict(aliases), dict(sources))
+
+
+def _run(capsys, *argv):
+  status = cli.main(list(argv))
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
+# ------------------------------------------------------------ list
+
+
+def test_list_prints_a_row_per_policy(capsys):
+  status, out, err = _run(capsys, "list", "--width", "160")
+  assert status == 0 and err == ""
+  lines = out.splitlines()
+  assert lines[0].split() == ["name", "keeps", "offloads", "trade-off",
+                              "aliases"]
+  starts = [line.split()[0] for line in lines[2:]
+            if line and not line.startswith(" ")]
+  assert starts[:len(rt.list_policies())] == rt.list_policies()
+  assert f"{len(rt.list_policies())} policies." in out
+
+
+def test_list_rows_say_what_each_policy_keeps(capsys):
+  _, out, _ = _run(capsys, "list", "--width", "200")
+  rows = {line.split()[0]: line for line in out.splitlines()
+          if line and not line.startswith(" ")}
+  assert "region inputs only" in rows["boundary-only"]
+  assert "full, save_nothing" in rows["boundary-only"]
+  assert "everything" in rows["save-everything"]
+  assert "every matmul output" in rows["save-matmuls"]
+  assert "attn.q, attn.k, attn.v" in rows["save-qkv"]
+  assert "save_qkv_proj" in rows["save-qkv"]
+  assert "attn.q" in rows["offload-qkv"].split("region inputs only")[1]
+
+
+@pytest.mark.parametrize("width", [140, 200])
+def test_list_fits_the_width_and_wraps_descriptions(capsys, width):
+  _, out, _ = _run(capsys, "list", "--width", str(width))
+  table = out.split("\n\n" + str(len(rt.list_policies())))[0]
+  assert max(len(line) for line in table.splitlines()) <= width
+  # Every word of a long description is still printed, wrapped.
+  words = rt.get_policy("boundary-only").description.split()
+  assert all(word in out for word in words)
+
+
+def test_list_json(capsys):
+  status, out, _ = _run(capsys, "list", "--json")
+  assert status == 0
+  records = json.loads(out)
+  assert [r["name"] for r in records] == rt.list_policies()
+  by_name = {r["name"]: r for r in records}
+  qkv = by_name["save-qkv"]
+  assert qkv["aliases"] == ["save_qkv_proj"]
+  assert tuple(qkv["save"]) == rt.get_policy("save-qkv").save
+  assert qkv["lowers_to"] == rt.get_policy("save-qkv").describe_lowering()
+  assert qkv["runs_under_remat3"] is True
+  assert by_name["offload-qkv"]["runs_under_remat3"] is False
+  assert Path(qkv["source"]).name == "save-qkv.toml"
+
+
+def test_list_includes_user_policies(capsys, tmp_path):
+  path = tmp_path / "mine.toml"
+  path.write_text('name = "keep-up"\nsave = ["ffn.up"]\n'
+                  'description = "Mine."\n')
+  status, out, _ = _run(capsys, "list", "--json", "--policies", str(path))
+  assert status == 0
+  mine = [r for r in json.loads(out) if r["name"] == "keep-up"]
+  assert mine and mine[0]["source"] == str(path)
+
+
+# ------------------------------------------------------------ show
+
+
+def test_show_minimal(capsys):
+  status, out, err = _run(capsys, "show", "minimal")
+  assert status == 0 and err == ""
+  policy = rt.get_policy("minimal")
+  lines = out.splitlines()
+  assert lines[0] == "save-projections  (aliases: minimal)"
+  assert str(catalog.builtin_policy_dir() / "save-projections.toml") in out
+  assert "matmuls         none" in out
+  flat = " ".join(out.split())
+  assert " ".join(policy.describe_lowering().split()) in flat
+  assert "jax.checkpoint_policies.save_only_these_names(" in out
+  assert "behaves the same with jax_remat3 off and on" in flat
+  assert all(name in flat for name in policy.save)
+
+
+def test_show_an_offload_policy_says_it_cannot_run_under_remat3(capsys):
+  _, out, _ = _run(capsys, "show", "minimal_offloaded")
+  flat = " ".join(out.split())
+  assert "CANNOT run under jax_remat3" in flat
+  assert "save_and_offload_only_these_names(" in flat
+  assert "offload_dst='pinned_host'" in flat
+
+
+def test_show_patterns_explains_expansion(capsys):
+  _, out, _ = _run(capsys, "show", "save-ffn")
+  flat = " ".join(out.split())
+  assert "*mlp/*" in flat
+  assert "glob patterns expanded" in flat
+
+
+def test_show_json(capsys):
+  status, out, _ = _run(capsys, "show", "SAVE_DOT_ONLY", "--json")
+  record = json.loads(out)
+  assert status == 0
+  assert record["name"] == "save-matmuls"
+  assert record["lowers_to"] == "jax.checkpoint_policies.dots_saveable"
+
+
+def test_show_a_policy_file(capsys, tmp_path):
+  path = tmp_path / "mine.toml"
+  path.write_text('name = "keep-up"\nsave = ["ffn.up"]\n')
+  status, out, _ = _run(capsys, "show", str(path))
+  assert status == 0
+  assert out.splitlines()[0] == "keep-up"
+  assert "save_only_these_names('ffn.up')" in out
+  assert "keep-up" not in rt.list_policies()  # checked, not registered
+
+
+# ------------------------------------------------------------ user errors
+
+
+def test_unknown_name_exits_2_with_one_line(capsys):
+  status, out, err = _run(capsys, "show", "save-atention")
+  assert status == 2 and out == ""
+  assert err.count("\n") == 1
+  assert err.startswith("remat-toolkit: error: Unknown remat policy "
+                        "'save-atention'. Did you mean 'save-attention'")
+  assert "Traceback" not in err
+
+
+def test_bad_policy_file_exits_2_naming_file_and_key(capsys, tmp_path):
+  path = tmp_path / "bad.toml"
+  path.write_text('name = "x"\nmatmuls = "most"\n')
+  for argv in (["show", str(path)], ["list", "--policies", str(path)]):
+    status, out, err = _run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1
+    assert f"{path}: Policy.matmuls must be one of" in err
+
+
+def test_missing_policy_file_exits_2(capsys, tmp_path):
+  status, _, err = _run(capsys, "show", str(tmp_path / "nope.toml"))
+  assert status == 2
+  assert "nope.toml" in err and "does not exist" in err
+
+
+def test_usage_errors_exit_2(capsys):
+  assert cli.main([]) == 2
+  assert cli.main(["frobnicate"]) == 2
+  assert cli.main(["show"]) == 2
+  assert "usage: remat-toolkit" in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys):
+  assert cli.main(["--help"]) == 0
+  out = capsys.readouterr().out
+  assert "list" in out and "show" in out
+
+
+# ------------------------------------------------------------ entry points
+
+
+def _console_script():
+  bindir = Path(sys.executable).parent
+  found = shutil.which("remat-toolkit", path=str(bindir))
+  if found is None:
+    pytest.fail(f"no remat-toolkit script next to {sys.executable}; "
+                "install the package: pip install -e '.[test]'")
+  return found
+
+
+def _subprocess_env():
+  env = dict(os.environ)
+  env.pop("REMAT_TOOLKIT_POLICY_PATH", None)
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def test_installed_console_script_lists_the_catalogue():
+  result = subprocess.run([_console_script(), "list"], capture_output=True,
+                          text=True, timeout=120, env=_subprocess_env())
+  assert result.returncode == 0, result.stderr
+  for name in rt.list_policies():
+    assert f"\n{name} " in result.stdout
+
+
+def test_python_dash_m_and_exit_status():
+  result = subprocess.run(
+      [sys.executable, "-m", "remat_toolkit", "show", "no-such-policy"],
+      capture_output=True, text=True, timeout=120, env=_subprocess_env())
+  assert result.returncode == 2
+  assert result.stdout == ""
+  assert result.stderr.startswith("remat-toolkit: error: Unknown remat policy")
+  assert "Traceback" not in result.stderr

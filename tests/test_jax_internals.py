@@ -1,0 +1,250 @@
+"""Pins the JAX behaviour remat-toolkit relies on (jax 0.10.2, flax 0.12.8).
+
+When a JAX release changes one of these facts, this file fails first and
+``remat_toolkit/_jax_internals.py`` is the one module to adapt.
+"""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_toolkit as rt
+from remat_toolkit import _jax_internals as internals
+
+cp = jax.checkpoint_policies
+
+
+def _fn(x, w):
+  a = rt.tag(jnp.sin(x @ w), "a")
+  b = rt.tag(jnp.tanh(a @ w), "b")
+  return jnp.sum(jnp.cos(b))
+
+
+X = jnp.linspace(0.0, 1.0, 12).reshape(3, 4)
+W = jnp.linspace(-1.0, 1.0, 16).reshape(4, 4)
+
+
+def _saved(policy, fn=_fn):
+  return sorted((str(aval), desc) for aval, desc in
+                internals.saved_residuals(jax.checkpoint(fn, policy=policy),
+                                          X, W))
+
+
+def _saved_names(policy):
+  return {m.group(1) for _, d in _saved(policy)
+          if (m := re.search(r"named '([^']+)'", d))}
+
+
+# ------------------------------------------------------------ remat3 flag
+
+
+def test_remat3_context_manager_sets_and_restores_the_flag():
+  before = internals.remat3_enabled()
+  with internals.remat3(not before):
+    assert internals.remat3_enabled() is (not before)
+    assert jax.config.jax_remat3 is (not before)
+  assert internals.remat3_enabled() is before
+
+
+def test_remat3_context_manager_restores_after_an_error():
+  before = internals.remat3_enabled()
+  with pytest.raises(RuntimeError):
+    with internals.remat3(not before):
+      raise RuntimeError("inside")
+  assert internals.remat3_enabled() is before
+
+
+def test_remat_mode_fixture_sets_the_flag(remat_mode):
+  assert internals.remat3_enabled() is remat_mode
+
+
+# ------------------------------------------------------------ policy drift
+
+
+def test_our_test_function_really_saves_names(remat_mode):
+  assert _saved_names(cp.save_only_these_names("a")) == {"a"}
+  assert _saved_names(cp.save_only_these_names("a", "b")) == {"a", "b"}
+  assert _saved(cp.nothing_saveable) != _saved(cp.everything_saveable)
+
+
+def test_save_anything_except_these_names_is_a_stub(remat_mode):
+  # It ignores its arguments: under remat2 it saves everything, the excluded
+  # name included; under remat3 the bare lambda is not understood at all and
+  # becomes full remat. Either way it does not do what its name says.
+  stub = cp.save_anything_except_these_names("a")
+  assert stub("anything") is True
+  expected = cp.nothing_saveable if remat_mode else cp.everything_saveable
+  assert _saved(stub) == _saved(expected)
+
+
+def test_save_any_names_but_these_is_the_working_spelling(remat_mode):
+  assert _saved_names(cp.save_any_names_but_these("a")) == {"b"}
+
+
+@pytest.mark.parametrize("make_policy", [
+    lambda: cp.save_from_both_policies(cp.save_only_these_names("a"),
+                                       cp.dots_saveable),
+    lambda: cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=["a"], names_which_can_be_offloaded=["b"],
+        offload_src="device", offload_dst="pinned_host"),
+    lambda: cp.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    lambda: (lambda prim, *avals, **params: True),
+], ids=["save_from_both", "save_and_offload", "offload_dots", "lambda"])
+def test_non_class_callables_are_full_remat_under_remat3(make_policy,
+                                                         remat_mode):
+  policy = make_policy()
+  assert not internals.remat3_honours(policy)
+  if remat_mode:
+    assert _saved(policy) == _saved(cp.nothing_saveable)
+  else:
+    assert _saved(policy) != _saved(cp.nothing_saveable)
+
+
+@pytest.mark.parametrize("policy", [
+    cp.save_only_these_names("a"), cp.save_any_names_but_these("a"),
+    cp.dots_saveable, cp.dots_with_no_batch_dims_saveable,
+    cp.everything_saveable, cp.nothing_saveable,
+], ids=["only_names", "any_but", "dots", "dots_no_batch", "everything",
+        "nothing"])
+def test_jax_policy_classes_mean_the_same_under_both_modes(policy):
+  assert internals.remat3_honours(policy)
+  with internals.remat3(False):
+    remat2 = [aval for aval, _ in _saved(policy)]  # labels differ by mode
+    inputs_only = _saved(cp.nothing_saveable)
+  with internals.remat3(True):
+    remat3 = [aval for aval, _ in _saved(policy)]
+  if policy is cp.everything_saveable:
+    # remat2 keeps unnamed intermediates too, remat3 the named values: both
+    # keep more than the inputs, but not the same list.
+    assert len(remat2) > len(inputs_only) and len(remat3) > len(inputs_only)
+  else:
+    assert remat2 == remat3
+
+
+def test_offloaded_residuals_are_host_memory():
+  policy = cp.save_and_offload_only_these_names(
+      names_which_can_be_saved=[], names_which_can_be_offloaded=["a"],
+      offload_src="device", offload_dst="pinned_host")
+  with internals.remat3(False):
+    residuals = internals.saved_residuals(jax.checkpoint(_fn, policy=policy),
+                                          X, W)
+  kinds = [internals.memory_kind_of(aval) for aval, _ in residuals]
+  assert kinds.count("host") == 1
+  host = [d for (aval, d), k in zip(residuals, kinds, strict=True)
+          if k == "host"]
+  assert "device_put" in host[0]
+
+
+# ------------------------------------------------------------ equations
+
+
+def _remat_eqn(policy, remat_mode):
+  jaxpr = jax.make_jaxpr(jax.checkpoint(_fn, policy=policy))(X, W)
+  found = [e for e in jaxpr.jaxpr.eqns if internals.is_remat(e)]
+  assert len(found) == 1
+  expected = "call_hi_primitive" if remat_mode else "remat2"
+  assert found[0].primitive.name == expected
+  return jaxpr, found[0]
+
+
+def test_checkpoint_name_of(remat_mode):
+  jaxpr = jax.make_jaxpr(_fn)(X, W).jaxpr
+  names = [internals.checkpoint_name_of(e) for e in jaxpr.eqns]
+  assert [n for n in names if n] == ["a", "b"]
+  assert names.count(None) == len(names) - 2
+
+
+def test_is_remat_and_remat_body_of(remat_mode):
+  _, eqn = _remat_eqn(cp.save_only_these_names("a"), remat_mode)
+  body = internals.remat_body_of(eqn)
+  assert isinstance(body, internals.Jaxpr)
+  assert [internals.checkpoint_name_of(e) for e in body.eqns
+          if internals.checkpoint_name_of(e)] == ["a", "b"]
+  assert internals.sub_jaxprs(eqn)[0].eqns == body.eqns
+  plain = jax.make_jaxpr(_fn)(X, W).jaxpr
+  assert not any(internals.is_remat(e) for e in plain.eqns)
+
+
+def test_remat_policy_of_returns_the_policy_given(remat_mode):
+  policy = cp.save_only_these_names("a")
+  _, eqn = _remat_eqn(policy, remat_mode)
+  assert internals.remat_policy_of(eqn) is policy
+
+
+def test_remat3_stores_nothing_saveable_as_none(remat_mode):
+  _, eqn = _remat_eqn(cp.nothing_saveable, remat_mode)
+  expected = None if remat_mode else cp.nothing_saveable
+  assert internals.remat_policy_of(eqn) is expected
+
+
+def test_with_remat_substitutes_the_policy(remat_mode):
+  closed, eqn = _remat_eqn(cp.nothing_saveable, remat_mode)
+  new_eqn = internals.with_remat(eqn, internals.remat_body_of(eqn),
+                                 cp.save_only_these_names("b"))
+  assert internals.remat_policy_of(new_eqn) == cp.save_only_these_names("b")
+  eqns = [new_eqn if e is eqn else e for e in closed.jaxpr.eqns]
+  swapped = closed.jaxpr.replace(eqns=eqns)
+
+  def run(jaxpr):
+    return lambda x, w: internals.eval_jaxpr(jaxpr, closed.consts, x, w)[0]
+
+  def names(jaxpr):
+    return {m.group(1) for _, d in internals.saved_residuals(run(jaxpr), X, W)
+            if (m := re.search(r"named '([^']+)'", d))}
+
+  assert names(closed.jaxpr) == set()
+  assert names(swapped) == {"b"}
+  assert jnp.allclose(run(swapped)(X, W), _fn(X, W))
+
+
+# ------------------------------------------------------------ flax
+
+
+class _Block(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(8, name="proj")(x)
+    return nn.Dense(4, name="out")(jnp.tanh(h))
+
+
+class _Model(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return _Block(name="block")(x)
+
+
+def test_module_path_on_a_flax_linen_model(remat_mode):
+  model = _Model()
+  x = jnp.ones((2, 4))
+  params = jax.eval_shape(model.init, jax.random.key(0), x)  # no compile
+  jaxpr = jax.make_jaxpr(model.apply)(params, x).jaxpr
+  dots = [internals.module_path(e) for e in jaxpr.eqns
+          if e.primitive.name == "dot_general"]
+  assert dots == ["_Model/block/proj", "_Model/block/out"]
+  tanh = [internals.module_path(e) for e in jaxpr.eqns
+          if e.primitive.name == "tanh"]
+  assert tanh == ["_Model/block"]
+
+
+def test_module_path_drops_transform_scopes(remat_mode):
+  model = nn.remat(_Model)()
+  x = jnp.ones((2, 4))
+  params = jax.eval_shape(model.init, jax.random.key(0), x)  # no compile
+  jaxpr = jax.make_jaxpr(lambda p, x: jax.grad(
+      lambda p: model.apply(p, x).sum())(p))(params, x).jaxpr
+
+  def paths(j):
+    for e in j.eqns:
+      if e.primitive.name == "dot_general":
+        yield internals.module_path(e)
+      for sub in internals.sub_jaxprs(e):
+        yield from paths(sub)
+
+  found = set(paths(jaxpr))
+  assert "_Model/block/proj" in found
+  assert all("jvp" not in p and "transpose" not in p for p in found)

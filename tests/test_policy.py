@@ -1,0 +1,225 @@
+"""The Policy value: validation, hashing, pattern expansion and lowering."""
+
+import dataclasses
+
+import jax
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import remat_toolkit as rt
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import catalog
+from remat_toolkit.policy import MATMUL_MODES
+
+cp = jax.checkpoint_policies
+
+
+def _builtins():
+  return [catalog.parse_policy_file(f)
+          for f in sorted(catalog.builtin_policy_dir().glob("*.toml"))]
+
+
+# ------------------------------------------------------------ validation
+
+BAD_FIELDS = [
+    ({"name": ""}, TypeError, "Policy.name"),
+    ({"name": 3}, TypeError, "Policy.name"),
+    ({"description": 3}, TypeError, "Policy.description"),
+    ({"save": "attn.q"}, TypeError, "Policy.save"),
+    ({"save": ["attn.q", 1]}, TypeError, "Policy.save"),
+    ({"save": [""]}, TypeError, "Policy.save"),
+    ({"offload": 5}, TypeError, "Policy.offload"),
+    ({"offload": "attn.q"}, TypeError, "Policy.offload"),
+    ({"aliases": "minimal"}, TypeError, "Policy.aliases"),
+    ({"matmuls": "some"}, ValueError, "Policy.matmuls"),
+    ({"matmuls": None}, ValueError, "Policy.matmuls"),
+    ({"offload_src": "gpu"}, ValueError, "Policy.offload_src"),
+    ({"offload_dst": "hbm"}, ValueError, "Policy.offload_dst"),
+    ({"save_everything": "yes"}, TypeError, "Policy.save_everything"),
+    ({"save": ["attn.q"], "offload": ["attn.q"]}, ValueError,
+     "both save and offload"),
+    ({"save": ["attn.q"], "matmuls": "all"}, ValueError, "matmuls='all'"),
+    ({"save_everything": True, "save": ["attn.q"]}, ValueError,
+     "save_everything"),
+]
+
+
+@pytest.mark.parametrize("fields,error,message", BAD_FIELDS,
+                         ids=[str(f) for f, _, _ in BAD_FIELDS])
+def test_each_bad_field_is_named_in_the_error(fields, error, message):
+  with pytest.raises(error) as info:
+    rt.Policy(**{"name": "p", **fields})
+  assert message in str(info.value)
+  assert "\n" not in str(info.value)
+
+
+def test_lists_become_tuples_and_the_value_is_frozen():
+  p = rt.Policy(name="p", save=["attn.q"], offload=["ffn.up"], aliases=["q"])
+  assert p.save == ("attn.q",) and p.offload == ("ffn.up",)
+  assert p.aliases == ("q",)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    p.save = ("ffn.down",)
+
+
+def test_equal_policies_hash_equal():
+  a = rt.Policy(name="p", save=["attn.q", "attn.k"])
+  b = rt.Policy(name="p", save=("attn.q", "attn.k"))
+  assert a == b and hash(a) == hash(b)
+  assert len({a, b, rt.Policy(name="p", save=["attn.q"])}) == 2
+  assert {a: 1}[b] == 1
+
+
+def test_every_builtin_is_hashable():
+  assert len({p: p.name for p in _builtins()}) == len(_builtins())
+
+
+def test_key_normalises_case_and_separators():
+  assert rt.Policy(name=" Save_QKV ").key == "save-qkv"
+
+
+def test_offloads_and_matches():
+  assert rt.Policy(name="p", offload=["attn.q"]).offloads
+  assert rt.Policy(name="p", matmuls="offload-no-batch").offloads
+  assert not rt.Policy(name="p", save=["attn.q"]).offloads
+  p = rt.Policy(name="p", save=["attn.*"], offload=["ffn.up"])
+  assert p.matches("attn.q") and p.matches("ffn.up")
+  assert not p.matches("ffn.down")
+
+
+# ------------------------------------------------------------ lowering
+
+
+def test_to_jax_for_each_matmuls_mode(remat_mode):
+  lowered = {mode: rt.Policy(name="p", matmuls=mode) for mode in MATMUL_MODES}
+  assert lowered["none"].to_jax() is cp.nothing_saveable
+  assert lowered["all"].to_jax() == cp.dots_saveable
+  assert (lowered["no-batch"].to_jax()
+          == cp.dots_with_no_batch_dims_saveable)
+  assert lowered["all"].to_jax() != lowered["no-batch"].to_jax()
+  if remat_mode:
+    with pytest.raises(ValueError, match="jax_remat3"):
+      lowered["offload-no-batch"].to_jax()
+  else:
+    offload = lowered["offload-no-batch"].to_jax()
+    assert offload.__qualname__.startswith("offload_dot_with_no_batch_dims.")
+
+
+def test_save_everything_and_save_names_lowering():
+  assert (rt.Policy(name="p", save_everything=True).to_jax()
+          is cp.everything_saveable)
+  assert (rt.Policy(name="p", save=["ffn.up", "attn.q"]).to_jax()
+          == cp.save_only_these_names("attn.q", "ffn.up"))
+
+
+def test_offload_lowers_to_save_and_offload(remat_mode):
+  p = rt.Policy(name="p", save=["attn.k"], offload=["attn.q"],
+                offload_dst="unpinned_host")
+  if remat_mode:
+    with pytest.raises(ValueError, match="jax_remat3"):
+      p.to_jax()
+    return
+  lowered = p.to_jax()
+  assert lowered.__qualname__.startswith("save_and_offload_only_these_names.")
+  assert "unpinned_host" in p.describe_lowering()
+
+
+def test_globs_expand_against_the_given_names():
+  p = rt.Policy(name="p", save=["attn.*", "ffn.[ud]*", "mlpwi_?"])
+  names = ["attn.q", "attn.k", "ffn.up", "ffn.down", "ffn.gate", "mlpwi_0",
+           "mlpwi", "block.input"]
+  saved, offloaded = p.expand(names)
+  assert saved == {"attn.q", "attn.k", "ffn.up", "ffn.down", "mlpwi_0"}
+  assert offloaded == frozenset()
+  assert p.to_jax(names) == cp.save_only_these_names(*saved)
+
+
+def test_exact_names_are_kept_even_when_absent_from_names():
+  p = rt.Policy(name="p", save=["my.tensor", "attn.*"])
+  assert p.to_jax(names=[]) == cp.save_only_these_names("my.tensor")
+  assert p.to_jax(names=["attn.v"]) == cp.save_only_these_names(
+      "attn.v", "my.tensor")
+
+
+def test_default_names_are_the_vocabulary_and_maxtext_names():
+  lowered = rt.Policy(name="p", save=["ffn.*", "mlpwi*"]).to_jax()
+  expected = {n for n in rt.VOCABULARY if n.startswith("ffn.")}
+  expected |= {n for n in rt.MAXTEXT_NAMES if n.startswith("mlpwi")}
+  assert expected <= lowered.saveable_names
+  assert all(n.startswith(("ffn.", "mlpwi")) for n in lowered.saveable_names)
+
+
+def test_patterns_matching_nothing_keep_nothing():
+  assert (rt.Policy(name="p", save=["nothing.*"]).to_jax(["attn.q"])
+          is cp.nothing_saveable)
+
+
+def test_pattern_clash_between_save_and_offload(remat_mode):
+  p = rt.Policy(name="p", save=["attn.*"], offload=["attn.q"])
+  with pytest.raises(ValueError, match=r"\['attn.q'\].*both a save and an "
+                                       r"offload"):
+    p.to_jax(names=["attn.q", "attn.k"])
+  # Without attn.q present only the exact name is offloaded: no clash.
+  if not remat_mode:
+    p.to_jax(names=["attn.k"])
+
+
+@settings(max_examples=50, deadline=None)
+@given(exact=st.sets(st.sampled_from(sorted(rt.VOCABULARY)), min_size=1),
+       pool=st.sets(st.sampled_from(sorted(rt.VOCABULARY)
+                                    + list(rt.MAXTEXT_NAMES))))
+def test_exact_names_lower_to_themselves(exact, pool):
+  lowered = rt.Policy(name="p", save=sorted(exact)).to_jax(pool)
+  assert lowered.saveable_names == exact
+
+
+# ------------------------------------------------------------ only JAX's own
+
+
+_OWN_CONSTRUCTORS = ("save_and_offload_only_these_names.",
+                     "offload_dot_with_no_batch_dims.")
+
+
+def _is_jax_constructor(lowered):
+  if lowered is cp.nothing_saveable or lowered is cp.everything_saveable:
+    return True
+  if isinstance(lowered, (internals.SaveOnlyTheseNames,
+                          internals.DotsSaveable)):
+    return True
+  return getattr(lowered, "__qualname__", "").startswith(_OWN_CONSTRUCTORS)
+
+
+@pytest.mark.parametrize("policy", _builtins(), ids=lambda p: p.name)
+def test_builtins_lower_only_to_jax_constructors(policy, monkeypatch):
+  def stub(*names):
+    raise AssertionError("lowered to save_anything_except_these_names")
+  monkeypatch.setattr(cp, "save_anything_except_these_names", stub)
+  with internals.remat3(False):
+    lowered = policy.to_jax()
+  assert _is_jax_constructor(lowered)
+  assert "save_anything_except_these_names" not in repr(lowered)
+
+
+@pytest.mark.parametrize("policy", [p for p in _builtins() if not p.offloads],
+                         ids=lambda p: p.name)
+def test_builtins_that_save_keep_their_meaning_under_remat3(policy):
+  with internals.remat3(True):
+    assert internals.remat3_honours(policy.to_jax())
+
+
+@pytest.mark.parametrize("policy", [p for p in _builtins() if not p.offloads],
+                         ids=lambda p: p.name)
+def test_describe_lowering_is_what_to_jax_returns(policy):
+  described = eval(policy.describe_lowering(), {"jax": jax})  # noqa: S307
+  assert described == policy.to_jax()
+
+
+@pytest.mark.parametrize("policy", [p for p in _builtins() if p.offloads],
+                         ids=lambda p: p.name)
+def test_describe_lowering_names_the_offload_constructor(policy):
+  text = policy.describe_lowering()
+  assert text.startswith("jax.checkpoint_policies.")
+  assert "pinned_host" in text
+  with internals.remat3(False):
+    assert policy.to_jax().__qualname__.startswith(
+        text.removeprefix("jax.checkpoint_policies.").split("(")[0] + ".")

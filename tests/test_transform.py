@@ -1,0 +1,469 @@
+"""rt.remat: what each way in saves, compared with JAX's and Flax's own remat.
+
+Every case checks two things: gradients equal the no-remat gradients, and the
+saved residuals equal those of the same model wrapped in plain ``nn.remat`` /
+``nnx.remat`` / ``jax.checkpoint`` with the JAX constructor written by hand.
+"""
+
+import functools
+import re
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import remat_toolkit as rt
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import context
+from remat_toolkit.transform import remat_region
+
+cp = jax.checkpoint_policies
+D = 8
+
+# Tags of the test block; recompute-attention-core keeps all but scores/probs.
+ALL_TAGS = ("attn.norm", "attn.q", "attn.k", "attn.v", "attn.scores",
+            "attn.probs", "attn.context", "attn.out", "ffn.norm", "ffn.up",
+            "ffn.act", "ffn.down")
+
+# Each built-in policy and the JAX constructor a user would write by hand.
+HAND_WRITTEN = {
+    "boundary-only": cp.nothing_saveable,
+    "save-attention": cp.save_only_these_names(
+        "attn.q", "attn.k", "attn.v", "attn.context", "attn.out"),
+    "save-ffn": cp.save_only_these_names("ffn.up", "ffn.down"),
+    "save-matmuls": cp.dots_saveable,
+    "save-everything": cp.everything_saveable,
+    "recompute-attention-core": cp.save_only_these_names(
+        *(t for t in ALL_TAGS if t not in ("attn.scores", "attn.probs"))),
+}
+POLICIES = sorted(HAND_WRITTEN)
+
+
+# ---------------------------------------------------------------- helpers
+
+def residuals(fn, *args):
+  """What is saved, as a sorted list of (shape, dtype, what) records."""
+  out = []
+  for aval, desc in internals.saved_residuals(fn, *args):
+    named = re.match(r"named '([^']+)'", desc)
+    if named:
+      what = "named " + named.group(1)
+    elif desc.startswith("from the argument"):
+      what = "argument"
+    elif desc.startswith("from a constant"):
+      what = "constant"
+    else:
+      what = "output of " + desc.split()[2]
+    out.append((tuple(aval.shape), str(aval.dtype), what))
+  return sorted(out)
+
+
+def assert_trees_close(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(
+      np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6), a, b)
+
+
+def check(loss, ref_loss, plain_loss, *args):
+  """Gradients equal no remat; residuals equal the hand-written reference."""
+  assert_trees_close(jax.grad(loss)(*args), jax.grad(plain_loss)(*args))
+  ours = residuals(loss, *args)
+  assert ours == residuals(ref_loss, *args)
+  return ours
+
+
+def named(records):
+  return {what[len("named "):] for _, _, what in records
+          if what.startswith("named ")}
+
+
+def block_math(x, layer, dropout):
+  """A pre-norm transformer block, one head, every tensor tagged."""
+  h = rt.tag(layer("ln1", x), "attn.norm")
+  q = rt.tag(layer("q", h), "attn.q")
+  k = rt.tag(layer("k", h), "attn.k")
+  v = rt.tag(layer("v", h), "attn.v")
+  s = rt.tag(q @ k.swapaxes(-1, -2) / np.sqrt(D), "attn.scores")
+  p = rt.tag(dropout(jax.nn.softmax(s)), "attn.probs")
+  c = rt.tag(p @ v, "attn.context")
+  x = x + rt.tag(layer("o", c), "attn.out")
+  h = rt.tag(layer("ln2", x), "ffn.norm")
+  u = rt.tag(layer("up", h), "ffn.up")
+  a = rt.tag(jax.nn.gelu(u), "ffn.act")
+  return x + rt.tag(layer("down", a), "ffn.down")
+
+
+SIZES = {"q": D, "k": D, "v": D, "o": D, "up": 2 * D, "down": D}
+X = jax.random.normal(jax.random.key(1), (2, 4, D))
+
+
+# ---------------------------------------------------------------- linen
+
+class LinenBlock(nn.Module):
+  rate: float = 0.5
+
+  @nn.compact
+  def __call__(self, x, train):
+    def layer(name, h):
+      if name.startswith("ln"):
+        return nn.LayerNorm(name=name)(h)
+      return nn.Dense(SIZES[name], name=name)(h)
+    drop = nn.Dropout(self.rate, deterministic=not train)
+    return block_math(x, layer, drop)
+
+
+class LinenStack(nn.Module):
+  block: type = LinenBlock
+
+  @nn.compact
+  def __call__(self, x, train=True):
+    for i in range(2):
+      x = self.block(name=f"block_{i}")(x, train)
+    return x
+
+
+def linen_losses(model):
+  variables = LinenStack().init(jax.random.key(0), X, False)
+
+  def loss(params):
+    return model.apply(params, X, rngs={"dropout": jax.random.key(7)}).sum()
+  return loss, variables
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_linen_class(policy, remat_mode):
+  ours, variables = linen_losses(LinenStack(rt.remat(LinenBlock, policy)))
+  # nn.remat counts self: `train` is static_argnums=(2,) there.
+  ref, _ = linen_losses(LinenStack(nn.remat(
+      LinenBlock, policy=HAND_WRITTEN[policy], static_argnums=(2,))))
+  plain, _ = linen_losses(LinenStack())
+  check(ours, ref, plain, variables)
+
+
+def linen_method_block(decorator):
+  class Block(LinenBlock):
+    @decorator
+    @nn.compact
+    def __call__(self, x, train):
+      return LinenBlock.__call__.__wrapped__(self, x, train)
+  return Block
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_linen_method_decorator(policy, remat_mode):
+  ours_cls = linen_method_block(rt.remat(policy=policy))
+  ref_cls = linen_method_block(functools.partial(
+      nn.remat, policy=HAND_WRITTEN[policy], static_argnums=(2,)))
+  ours, variables = linen_losses(LinenStack(ours_cls))
+  ref, _ = linen_losses(LinenStack(ref_cls))
+  plain, _ = linen_losses(LinenStack())
+  records = check(ours, ref, plain, variables)
+  if policy == "save-attention":
+    assert named(records) == {"attn.q", "attn.k", "attn.v", "attn.context",
+                              "attn.out"}
+
+
+def test_bare_decorator_uses_ambient_policy(remat_mode):
+  ours, variables = linen_losses(LinenStack(linen_method_block(rt.remat)))
+  with rt.use_policy("save-ffn"):
+    assert named(residuals(ours, variables)) == {"ffn.up"}  # down: unused
+  assert named(residuals(ours, variables)) == set()  # boundary-only
+
+
+def test_linen_mutable_collections(remat_mode):
+  class Block(nn.Module):
+    @rt.remat(policy="save-ffn")
+    @nn.compact
+    def __call__(self, x, train):
+      h = nn.BatchNorm(use_running_average=not train)(x)
+      h = rt.tag(nn.Dense(D)(h), "ffn.up")
+      self.sow("intermediates", "h", h)
+      return jnp.tanh(h)
+
+  class Plain(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+      return Block.__call__.__wrapped__.__wrapped__(self, x, train)
+
+  variables = Plain().init(jax.random.key(0), X, False)
+  outs = []
+  for model in (Block(), Plain()):
+    def loss(params, model=model):
+      y, updates = model.apply({**variables, "params": params}, X, True,
+                               mutable=["batch_stats", "intermediates"])
+      return y.sum(), updates
+    (value, updates), grads = jax.value_and_grad(loss, has_aux=True)(
+        variables["params"])
+    outs.append((value, updates, grads))
+  assert_trees_close(outs[0], outs[1])
+  assert len(outs[0][1]["intermediates"]["h"]) == 1  # sown once, not twice
+
+
+# ---------------------------------------------------------------- NNX
+
+class NNXBlock(nnx.Module):
+  def __init__(self, rngs, rate=0.5):
+    self.layers = nnx.Dict({
+        name: nnx.LayerNorm(D, rngs=rngs) if name.startswith("ln")
+        else nnx.Linear(D if name != "down" else 2 * D, SIZES[name],
+                        rngs=rngs)
+        for name in ("ln1", "q", "k", "v", "o", "ln2", "up", "down")})
+    self.drop = nnx.Dropout(rate, rngs=rngs)
+
+  def __call__(self, x):
+    return block_math(x, lambda name, h: self.layers[name](h), self.drop)
+
+
+def nnx_losses(block_cls):
+  block = block_cls(nnx.Rngs(0, dropout=3))
+  graphdef, params, rest = nnx.split(block, nnx.Param, ...)
+
+  def loss(params, rest):
+    # Fresh Variables in the current trace, so rng counters may advance.
+    rest = jax.tree.map(lambda a: a, rest)
+    return nnx.merge(graphdef, params, rest)(X).sum()
+  return loss, params, rest
+
+
+def nnx_method_block(decorator):
+  class Block(NNXBlock):
+    @decorator
+    def __call__(self, x):
+      return NNXBlock.__call__(self, x)
+  return Block
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_nnx_method(policy, remat_mode):
+  ours, params, rest = nnx_losses(nnx_method_block(rt.remat(policy=policy)))
+  ref, _, _ = nnx_losses(nnx_method_block(nnx.remat(
+      policy=HAND_WRITTEN[policy])))
+  plain, _, _ = nnx_losses(NNXBlock)
+  check(ours, ref, plain, params, rest)
+
+
+def test_nnx_class_and_state_updates(remat_mode):
+  class Block(nnx.Module):
+    def __init__(self, rngs):
+      self.bn = nnx.BatchNorm(D, rngs=rngs)
+      self.up = nnx.Linear(D, D, rngs=rngs)
+      self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+      return self.drop(jnp.tanh(rt.tag(self.up(self.bn(x)), "ffn.up")))
+
+  remat_cls = rt.remat(Block, "save-ffn")
+  assert remat_cls.__name__ == "RematBlock" and issubclass(remat_cls, Block)
+  ours, plain = remat_cls(nnx.Rngs(0, dropout=1)), Block(nnx.Rngs(0, dropout=1))
+  grads = [nnx.grad(lambda m: m(X).sum())(m) for m in (ours, plain)]
+  assert_trees_close(nnx.state(grads[0]), nnx.state(grads[1]))
+  # Batch statistics and rng counters were written back, once.
+  assert_trees_close(nnx.state(ours), nnx.state(plain))
+  loss, params, rest = nnx_losses(lambda rngs: remat_cls(rngs))
+  assert named(residuals(loss, params, rest)) == {"ffn.up"}
+
+
+# ---------------------------------------------------------------- functions
+
+def init_params():
+  keys = iter(jax.random.split(jax.random.key(0), 16))
+  params = {n: {"w": jax.random.normal(next(keys), (D if n != "down"
+                                                   else 2 * D, SIZES[n])) / 3,
+                "b": jnp.zeros(SIZES[n])} for n in SIZES}
+  params.update({n: {"scale": jnp.ones(D), "bias": jnp.zeros(D)}
+                 for n in ("ln1", "ln2")})
+  return params
+
+
+def block_fn(params, x, key, train):
+  def layer(name, h):
+    p = params[name]
+    if name.startswith("ln"):
+      mu = h.mean(-1, keepdims=True)
+      sd = jnp.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-6)
+      return (h - mu) / sd * p["scale"] + p["bias"]
+    return h @ p["w"] + p["b"]
+
+  def dropout(p):
+    if not train:  # a Python bool: static without static_argnums
+      return p
+    return p * jax.random.bernoulli(key, 0.5, p.shape) / 0.5
+  return block_math(x, layer, dropout)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_plain_function(policy, remat_mode):
+  key = jax.random.key(5)
+  ours = rt.remat(block_fn, policy)
+  ref = jax.checkpoint(block_fn, policy=HAND_WRITTEN[policy],
+                       static_argnums=(3,))
+  check(lambda p: ours(p, X, key, True).sum(),
+        lambda p: ref(p, X, key, True).sum(),
+        lambda p: block_fn(p, X, key, True).sum(), init_params())
+
+
+# ---------------------------------------------------------------- policies
+
+def test_explicit_policy_wins_over_ambient(remat_mode):
+  explicit = rt.remat(block_fn, policy="save-attention")
+  ambient = rt.remat(block_fn)
+  p, key = init_params(), jax.random.key(0)
+  with rt.use_policy("save-ffn"):
+    kept_explicit = named(residuals(lambda p: explicit(p, X, key, False).sum(),
+                                    p))
+    kept_ambient = named(residuals(lambda p: ambient(p, X, key, False).sum(),
+                                   p))
+  assert kept_explicit == {"attn.q", "attn.k", "attn.v", "attn.context",
+                           "attn.out"}
+  assert kept_ambient == {"ffn.up", "ffn.down"}
+
+
+def test_policy_object_and_raw_jax_policy(remat_mode):
+  p, key = init_params(), jax.random.key(0)
+  custom = rt.Policy(name="keep-q", save=["attn.q"])
+  for policy in (custom, cp.save_only_these_names("attn.q")):
+    f = rt.remat(block_fn, policy=policy)
+    assert named(residuals(lambda p: f(p, X, key, False).sum(), p)) == {
+        "attn.q"}
+
+
+def test_glob_matches_names_never_seen_before(remat_mode):
+  # Names made up for this test, tagged with rt.tag and with JAX's own
+  # checkpoint_name: patterns are expanded against the region's own names.
+  def fn(x):
+    a = rt.tag(jnp.sin(x), "fresh_tag_a")
+    b = jax.ad_checkpoint.checkpoint_name(jnp.sin(a), "fresh_raw_b")
+    return jnp.sin(b).sum()
+  policy = rt.Policy(name="fresh", save=["fresh_*"])
+  records = residuals(rt.remat(fn, policy=policy), X)
+  assert named(records) == {"fresh_tag_a", "fresh_raw_b"}
+
+
+def test_unmatched_patterns_warn_once(monkeypatch):
+  monkeypatch.setattr(context, "_warned", set())
+  f = rt.remat(lambda x: jnp.sin(rt.tag(x * 2, "ffn.up")).sum(),
+               policy="save-attention")
+  with pytest.warns(UserWarning, match=r"'save-attention'.*\['ffn.up'\]"):
+    jax.grad(f)(X)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    jax.grad(f)(X)  # the same region and names: no second warning
+
+
+def test_auto_static_python_values(remat_mode):
+  def fn(x, n, mode, scale):
+    for _ in range(n):  # int: static
+      x = jnp.sin(x) if mode == "sin" else jnp.cos(x)
+    return x * scale if scale is not None else x
+  f = rt.remat(fn, policy="boundary-only")
+  for args in ((3, "sin", 2.0), (2, "cos", None)):
+    np.testing.assert_allclose(jax.grad(lambda x: f(x, *args).sum())(X),
+                               jax.grad(lambda x: fn(x, *args).sum())(X),
+                               rtol=1e-6)
+
+
+def test_static_argnums_count_call_arguments_not_self(remat_mode):
+  class Block(nn.Module):
+    @rt.remat(policy="save-ffn", static_argnums=(1,))
+    @nn.compact
+    def __call__(self, x, config):
+      return nn.Dense(config[0])(x)
+
+  config = (4,)  # a tuple: hashable, so it can be static
+  variables = Block().init(jax.random.key(0), X, config)
+  assert Block().apply(variables, X, config).shape == (2, 4, 4)
+
+
+# ---------------------------------------------------------------- contract
+
+def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
+  marker = cp.save_only_these_names("__analyzer_marker__")
+  variables = LinenStack().init(jax.random.key(0), X, False)
+  linen_model = LinenStack(rt.remat(LinenBlock))
+  nnx_loss, params, rest = nnx_losses(nnx_method_block(rt.remat))
+  programs = [
+      lambda p: rt.remat(block_fn)(p, X, jax.random.key(0), True).sum(),
+      lambda v: linen_model.apply(v, X, rngs={"dropout": jax.random.key(0)}),
+      nnx_loss,
+  ]
+  arguments = [(init_params(),), (variables,), (params, rest)]
+  regions = [1, 2, 1]
+  with context.override_ambient_regions(marker):
+    for program, args, expected in zip(programs, arguments, regions,
+                                       strict=True):
+      jaxpr = jax.make_jaxpr(program)(*args).jaxpr
+      assert internals.count_remat_regions(jaxpr) == expected
+      assert internals.count_remat_regions(jaxpr, marker) == expected
+
+
+def test_replayed_region_keeps_module_paths(remat_mode):
+  model = LinenStack(rt.remat(LinenBlock, "save-ffn"))
+  variables = LinenStack().init(jax.random.key(0), X, False)
+  jaxpr = jax.make_jaxpr(lambda v: model.apply(
+      v, X, rngs={"dropout": jax.random.key(0)}))(variables).jaxpr
+  bodies = [internals.remat_body_of(e) for e in jaxpr.eqns
+            if internals.is_remat(e)]
+  assert len(bodies) == 2
+  paths = {internals.module_path(e) for e in bodies[0].eqns
+           if e.primitive.name == "dot_general"}
+  assert any(p.endswith("block_0/up") for p in paths), paths
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_rejects_what_is_not_a_target():
+  with pytest.raises(TypeError, match=r"got 42 \(a int\)"):
+    rt.remat(42)
+  with pytest.raises(TypeError, match=r"policy=\.\.\."):
+    rt.remat("save-ffn")
+  with pytest.raises(TypeError, match="module instance"):
+    rt.remat(NNXBlock(nnx.Rngs(0)))
+
+
+def test_rejects_bound_nnx_method():
+  block = NNXBlock(nnx.Rngs(0))
+  with pytest.raises(TypeError, match=r"bound method NNXBlock.__call__.*"
+                     r"rt.remat\(NNXBlock\)"):
+    rt.remat(block.__call__)
+
+
+def test_unknown_policy_fails_at_decoration_with_suggestion():
+  with pytest.raises(ValueError, match="Did you mean 'save-ffn'"):
+    rt.remat(block_fn, policy="save-fnn")
+  with pytest.raises(ValueError, match="Did you mean 'save-ffn'"):
+    rt.remat(policy="save_fnn")(block_fn)
+  with pytest.raises(TypeError, match="policy for block_fn"):
+    rt.remat(block_fn, policy=3)
+
+
+def test_static_argnums_out_of_range():
+  with pytest.raises(ValueError, match=r"static_argnums=\(4,\) is out of range "
+                     r"for block_fn.*3: train.*never self"):
+    rt.remat(block_fn, static_argnums=4)
+  with pytest.raises(ValueError, match="never self"):
+    class Block(nn.Module):  # noqa: F841  (the decorator raises)
+      @rt.remat(static_argnums=(2,))
+      def __call__(self, x, train):
+        return x
+  with pytest.raises(ValueError, match="non-negative"):
+    rt.remat(block_fn, static_argnums=-1)
+
+
+def test_unhashable_static_argument():
+  f = rt.remat(lambda x, sizes: x * len(sizes), static_argnums=(1,))
+  with pytest.raises(TypeError, match=r"positional argument 1 .*\[1, 2\].*"
+                     "tuple instead of a list"):
+    f(X, [1, 2])
+  with pytest.raises(TypeError, match="drop it from static_argnums"):
+    f(X, jnp.ones(2))
+
+
+def test_remat_region_direct():
+  g = remat_region(lambda x: jnp.sin(jnp.sin(x)), policy="save-matmuls",
+                   where="group 0")
+  np.testing.assert_allclose(jax.grad(lambda x: g(x).sum())(X),
+                             jax.grad(lambda x: jnp.sin(jnp.sin(x)).sum())(X),
+                             rtol=1e-6)
