@@ -327,8 +327,10 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
   traced. remat3 hides its linear program inside an opaque primitive, so
   there the backward pass is traced and dead code dropped.
   """
+  evaluate = eval_jaxpr if remat3_enabled() else eval_with_jitted_regions
+
   def loss(*xs):
-    return eval_jaxpr(jaxpr, consts, *xs)[0]
+    return evaluate(jaxpr, consts, *xs)[0]
 
   captured: list[Any] = []
 
@@ -813,3 +815,57 @@ def _common_scopes(body: Jaxpr) -> tuple[Any, ...]:
       break
     prefix.append(first)
   return tuple(prefix)
+
+
+def eval_with_jitted_regions(jaxpr: Jaxpr, consts: list[Any], *args: Any
+                             ) -> list[Any]:
+  """``eval_jaxpr``, but each top-level remat region runs as a jitted call.
+
+  JAX linearizes a jitted call once per distinct jaxpr and caches it, so
+  regions that share a body (see :func:`share_identical_regions`) cost one
+  region's work when a policy is analysed, not one per layer.
+  """
+  env: dict[Any, Any] = {}
+
+  def read(v):
+    return v.val if isinstance(v, Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts, strict=True):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args, strict=True):
+    env[v] = x
+  for eqn in jaxpr.eqns:
+    name_stack = (_source_info_util.current_name_stack()
+                  + eqn.source_info.name_stack)
+    with _source_info_util.user_context(eqn.source_info.traceback,
+                                        name_stack=name_stack):
+      if eqn.primitive is remat_p:
+        outs = _jitted_region(eqn.params["jaxpr"], eqn.params["policy"],
+                              eqn.params["prevent_cse"])(*map(read, eqn.invars))
+      else:
+        params = eqn.primitive.get_bind_params(eqn.params)
+        outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
+    if not eqn.primitive.multiple_results and eqn.primitive is not remat_p:
+      outs = [outs]
+    for v, x in zip(eqn.outvars, outs, strict=True):
+      env[v] = x
+  return [read(v) for v in jaxpr.outvars]
+
+
+_JITTED: "weakref.WeakKeyDictionary[Jaxpr, dict]" = None  # set below
+
+
+def _jitted_region(body: Jaxpr, policy: Any, prevent_cse: Any) -> Callable:
+  per_body = _JITTED.setdefault(body, {})
+  fn = per_body.get((policy, prevent_cse))
+  if fn is None:
+    def region(*xs):
+      return remat_p.bind(*xs, jaxpr=body, prevent_cse=prevent_cse,
+                          differentiated=False, policy=policy)
+    fn = per_body[(policy, prevent_cse)] = jax.jit(region)
+  return fn
+
+
+import weakref as _weakref  # noqa: E402
+
+_JITTED = _weakref.WeakKeyDictionary()

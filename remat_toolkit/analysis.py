@@ -349,9 +349,13 @@ class TracedProgram:
   def baseline_step_flops(self) -> int:
     """Forward + backward FLOPs of a step with the ambient regions removed."""
     if self._baseline_flops is None:
-      jaxpr = internals.inline_regions(self.jaxpr.jaxpr, self._marker)
-      step = internals.trace_training_step(jaxpr, self.jaxpr.consts,
-                                           self._leaves, self.forward_flops)
+      if internals.remat3_enabled():
+        # remat3's everything_saveable still recomputes un-named values.
+        jaxpr = internals.inline_regions(self.jaxpr.jaxpr, self._marker)
+        step = internals.trace_training_step(jaxpr, self.jaxpr.consts,
+                                             self._leaves, self.forward_flops)
+      else:
+        step = self.step(catalog.get_policy(_BASELINE))
       self._baseline_flops = self.forward_flops + step.backward_flops
     return self._baseline_flops
 

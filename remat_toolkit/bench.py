@@ -1003,31 +1003,55 @@ class BatchSearch:
     return "\n".join(lines)
 
 
-def _search(fits: Callable[[int], tuple[bool, int]], max_batch: int
+def _affine_crossing(a: tuple[int, int], b: tuple[int, int], budget: int
+                     ) -> int | None:
+  """The largest size under ``budget`` on the line through two probes."""
+  (n1, m1), (n2, m2) = sorted((a, b))
+  if n2 == n1 or m2 <= m1:
+    return None
+  return n1 + (budget - m1) * (n2 - n1) // (m2 - m1)
+
+
+def _search(measure: Callable[[int], int], budget: int, max_batch: int
             ) -> tuple[int, int | None, list[tuple[int, int]]]:
-  """Doubling from 1, then bisection: (largest fit, first miss, tries)."""
+  """The largest size in ``[1, max_batch]`` whose bytes fit ``budget``.
+
+  Assumes bytes grow with the size. Sizes at least double until one does
+  not fit; a straight line through the last two probes (compiled memory is
+  close to affine in the batch) lets the search jump to just past the
+  predicted limit, then probe the line's crossing inside the bracket, with
+  a bisection step whenever a probe did not halve the bracket. Returns
+  (largest fit or 0, smallest miss or None at the cap, every probe).
+  """
   tries: list[tuple[int, int]] = []
 
-  def probe(size: int) -> bool:
-    ok, nbytes = fits(size)
-    tries.append((size, nbytes))
-    return ok
+  def fits(size: int) -> bool:
+    tries.append((size, measure(size)))
+    return tries[-1][1] <= budget
 
-  good, bad, size = 0, None, 1
-  while size <= max_batch:
-    if not probe(size):
-      bad = size
-      break
-    good = size
-    if size == max_batch:
-      break
-    size = min(size * 2, max_batch)
-  while bad is not None and bad - good > 1:
-    mid = (good + bad) // 2
-    if probe(mid):
-      good = mid
+  if not fits(1):
+    return 0, 1, tries
+  good, bad = 1, None
+  while bad is None and good < max_batch:
+    fitted = [t for t in tries if t[1] <= budget]
+    guess = _affine_crossing(fitted[-2], fitted[-1], budget) if len(fitted) > 1 else None
+    size = min(max_batch, max(2 * good, (guess or 0) + 1))
+    if fits(size):
+      good = size
     else:
-      bad = mid
+      bad = size
+  halved = True
+  while bad is not None and bad - good > 1:
+    measured = dict(tries)
+    guess = _affine_crossing((good, measured[good]), (bad, measured[bad]), budget)
+    size = guess if halved and guess is not None else (good + bad) // 2
+    size = min(max(size, good + 1), bad - 1)
+    width = bad - good
+    if fits(size):
+      good = size
+    else:
+      bad = size
+    halved = 2 * (bad - good) <= width
   return good, bad, tries
 
 
@@ -1045,7 +1069,9 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
   :func:`bench`, one micro-batch, no accumulation) is lowered with a batch
   of that many examples and its ``argument + output + temp - alias`` bytes
   (XLA ``memory_analysis``) are compared with ``budget``. Sizes double from
-  1 until one does not fit (or ``max_batch`` is reached), then bisect.
+  1 until one does not fit (or ``max_batch`` is reached), then the bracket
+  is searched; both phases jump ahead along a straight line through the
+  last two probes, so a few compiles usually suffice.
 
   Args:
     model: as for :func:`bench`; a user batch's leaves are resized on their
@@ -1106,12 +1132,11 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
 
 def _fit_policy(workload: _Workload, policy: Policy, budget: int,
                 max_batch: int, tracker: _Progress) -> BatchFit:
-  def fits(size: int) -> tuple[bool, int]:
+  def measure(size: int) -> int:
     tracker.update(policy.name, f"compiling micro-batch {size}", detail=True)
-    nbytes = _step_memory(workload, policy, size)["peak_bytes"]
-    return nbytes <= budget, nbytes
+    return _step_memory(workload, policy, size)["peak_bytes"]
 
-  good, bad, tries = _search(fits, max_batch)
+  good, bad, tries = _search(measure, budget, max_batch)
   measured = dict(tries)
   return BatchFit(policy=policy.name, batch=good,
                   bytes=measured.get(good), over_batch=bad,

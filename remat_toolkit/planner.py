@@ -225,7 +225,8 @@ class _Search:
                                 undecided))
 
   def _dominated(self, bound: tuple[float, float]) -> bool:
-    return self.best is not None and bound >= self.best.key()[:2]
+    # Only recompute is proven; ties in bytes are settled by _drop_useless.
+    return self.best is not None and bound[0] >= self.best.cost
 
   def _expand(self, bound, saved, offloaded, undecided) -> None:
     top = self.evaluate(_Choice(saved | frozenset(undecided), offloaded))

@@ -67,12 +67,25 @@ def assert_trees_close(a, b):
       np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6), a, b)
 
 
-def check(loss, ref_loss, plain_loss, *args):
-  """Gradients equal no remat; residuals equal the hand-written reference."""
-  assert_trees_close(jax.grad(loss)(*args), jax.grad(plain_loss)(*args))
-  ours = residuals(loss, *args)
-  assert ours == residuals(ref_loss, *args)
-  return ours
+def check_policies(make_ours, make_ref, plain_loss, *args):
+  """For every policy: gradients equal no remat (all in one jit, to compile
+  once), and the residuals equal the hand-written reference's.
+
+  Returns the residual records of ours, by policy.
+  """
+  losses = [make_ours(policy) for policy in POLICIES]
+  grads, plain = jax.jit(lambda *a: ([jax.grad(f)(*a) for f in losses],
+                                     jax.grad(plain_loss)(*a)))(*args)
+  records = {}
+  for policy, loss, grad in zip(POLICIES, losses, grads, strict=True):
+    try:
+      assert_trees_close(grad, plain)
+    except AssertionError as e:
+      raise AssertionError(f"gradients differ under {policy}: {e}") from None
+    records[policy] = residuals(loss, *args)
+    reference = residuals(make_ref(HAND_WRITTEN[policy]), *args)
+    assert records[policy] == reference, policy
+  return records
 
 
 def named(records):
@@ -133,14 +146,14 @@ def linen_losses(model):
   return loss, variables
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_linen_class(policy, remat_mode):
-  ours, variables = linen_losses(LinenStack(rt.remat(LinenBlock, policy)))
-  # nn.remat counts self: `train` is static_argnums=(2,) there.
-  ref, _ = linen_losses(LinenStack(nn.remat(
-      LinenBlock, policy=HAND_WRITTEN[policy], static_argnums=(2,))))
-  plain, _ = linen_losses(LinenStack())
-  check(ours, ref, plain, variables)
+def test_linen_class(remat_mode):
+  plain, variables = linen_losses(LinenStack())
+  check_policies(
+      lambda policy: linen_losses(LinenStack(rt.remat(LinenBlock, policy)))[0],
+      # nn.remat counts self: `train` is static_argnums=(2,) there.
+      lambda jax_policy: linen_losses(LinenStack(nn.remat(
+          LinenBlock, policy=jax_policy, static_argnums=(2,))))[0],
+      plain, variables)
 
 
 def linen_method_block(decorator):
@@ -152,18 +165,20 @@ def linen_method_block(decorator):
   return Block
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_linen_method_decorator(policy, remat_mode):
-  ours_cls = linen_method_block(rt.remat(policy=policy))
-  ref_cls = linen_method_block(functools.partial(
-      nn.remat, policy=HAND_WRITTEN[policy], static_argnums=(2,)))
-  ours, variables = linen_losses(LinenStack(ours_cls))
-  ref, _ = linen_losses(LinenStack(ref_cls))
-  plain, _ = linen_losses(LinenStack())
-  records = check(ours, ref, plain, variables)
-  if policy == "save-attention":
-    assert named(records) == {"attn.q", "attn.k", "attn.v", "attn.context",
-                              "attn.out"}
+def test_linen_method_decorator(remat_mode):
+  plain, variables = linen_losses(LinenStack())
+  records = check_policies(
+      lambda policy: linen_losses(LinenStack(linen_method_block(
+          rt.remat(policy=policy))))[0],
+      lambda jax_policy: linen_losses(LinenStack(linen_method_block(
+          functools.partial(nn.remat, policy=jax_policy,
+                            static_argnums=(2,)))))[0],
+      plain, variables)
+  # Only what the backward pass needs is saved, whatever a policy allows.
+  assert named(records["save-attention"]) == {
+      "attn.q", "attn.k", "attn.v", "attn.context"}
+  assert named(records["save-ffn"]) == {"ffn.up"}
+  assert named(records["boundary-only"]) == set()
 
 
 def test_bare_decorator_uses_ambient_policy(remat_mode):
@@ -236,13 +251,13 @@ def nnx_method_block(decorator):
   return Block
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_nnx_method(policy, remat_mode):
-  ours, params, rest = nnx_losses(nnx_method_block(rt.remat(policy=policy)))
-  ref, _, _ = nnx_losses(nnx_method_block(nnx.remat(
-      policy=HAND_WRITTEN[policy])))
-  plain, _, _ = nnx_losses(NNXBlock)
-  check(ours, ref, plain, params, rest)
+def test_nnx_method(remat_mode):
+  plain, params, rest = nnx_losses(NNXBlock)
+  check_policies(
+      lambda policy: nnx_losses(nnx_method_block(rt.remat(policy=policy)))[0],
+      lambda jax_policy: nnx_losses(nnx_method_block(nnx.remat(
+          policy=jax_policy)))[0],
+      plain, params, rest)
 
 
 def test_nnx_class_and_state_updates(remat_mode):
@@ -294,15 +309,16 @@ def block_fn(params, x, key, train):
   return block_math(x, layer, dropout)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_plain_function(policy, remat_mode):
+def test_plain_function(remat_mode):
   key = jax.random.key(5)
-  ours = rt.remat(block_fn, policy)
-  ref = jax.checkpoint(block_fn, policy=HAND_WRITTEN[policy],
-                       static_argnums=(3,))
-  check(lambda p: ours(p, X, key, True).sum(),
-        lambda p: ref(p, X, key, True).sum(),
-        lambda p: block_fn(p, X, key, True).sum(), init_params())
+
+  def loss_of(fn):
+    return lambda p: fn(p, X, key, True).sum()
+  check_policies(
+      lambda policy: loss_of(rt.remat(block_fn, policy)),
+      lambda jax_policy: loss_of(jax.checkpoint(
+          block_fn, policy=jax_policy, static_argnums=(3,))),
+      loss_of(block_fn), init_params())
 
 
 # ---------------------------------------------------------------- policies

@@ -1,0 +1,334 @@
+"""Tests of the training-step benchmark and the largest-batch search.
+
+Shapes are tiny and steps few: these tests check what is measured and how
+figures relate, never how fast anything is.
+"""
+
+import contextlib
+import io
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import remat_toolkit as rt
+from remat_toolkit import cli
+from remat_toolkit.bench import _search
+from remat_toolkit.bench import make_train_step
+from remat_toolkit.bench import step_memory
+
+LAYERS, WIDTH = 4, 16
+RECORD_FIELDS = {"policy", "step_time_s", "tokens_per_s", "peak_bytes",
+                 "compile_time_s", "relative_step_time", "grad_accum",
+                 "micro_batch", "global_batch", "loss_first", "loss_last"}
+
+
+@rt.remat
+def _block(w, x):
+  up = rt.tag(x @ w[0], "ffn.up")
+  return x + rt.tag(jnp.tanh(up) @ w[1], "ffn.down")
+
+
+def scanned_loss(params, batch):
+  """A residual MLP whose layers run under scan, one remat region each."""
+  def layer(x, w):
+    return _block(w, x), None
+
+  x, _ = jax.lax.scan(layer, batch["x"], params["w"])
+  return jnp.mean((x - batch["y"]) ** 2)
+
+
+def make_args(batch_size=8, abstract=False):
+  params = {"w": jax.random.normal(jax.random.key(0),
+                                   (LAYERS, 2, WIDTH, WIDTH)) * 0.1}
+  batch = {"x": jax.random.normal(jax.random.key(1), (batch_size, WIDTH)),
+           "y": jax.random.normal(jax.random.key(2), (batch_size, WIDTH))}
+  if abstract:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                        (params, batch))
+  return params, batch
+
+
+@pytest.fixture(scope="module")
+def result():
+  params, batch = make_args()
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    out = rt.bench(scanned_loss, params, batch, policies=["boundary-only"],
+                   grad_accum=[1, 2], steps=2, warmup=1)
+  return out, err.getvalue()
+
+
+# ---------------------------------------------------------------- bench
+
+def test_records_have_the_fields_and_sane_values(result):
+  res, _ = result
+  assert [(r.policy, r.grad_accum) for r in res.records] == [
+      ("save-everything", 1), ("boundary-only", 1),
+      ("save-everything", 2), ("boundary-only", 2)]
+  for row in res.rows():
+    assert RECORD_FIELDS <= set(row)
+  for r in res.records:
+    assert r.step_time_min_s <= r.step_time_s <= r.step_time_max_s
+    assert r.step_time_min_s > 0 and r.compile_time_s > 0
+    assert r.global_batch == 8 and r.micro_batch == 8 // r.grad_accum
+    assert r.tokens_per_step == 8  # no token ids: one "token" per example
+    assert r.tokens_per_s == pytest.approx(r.tokens_per_step / r.step_time_s)
+    assert r.peak_bytes == (r.argument_bytes + r.output_bytes + r.temp_bytes
+                            - r.alias_bytes)
+    # The state is donated: the new params and optimizer state alias it.
+    assert r.alias_bytes > 0
+    assert math.isfinite(r.loss_first) and r.loss_last < r.loss_first
+  assert sorted(r.run_order for r in res.records) == [1, 2, 3, 4]
+
+
+def test_each_policy_reaches_the_compiled_step(result):
+  # Under scan, XLA:CPU's temporaries track what the backward pass keeps:
+  # recomputing everything must need less than saving everything.
+  res, _ = result
+  for accum in (1, 2):
+    saved = res.record("save-everything", accum)
+    remat = res.record("boundary-only", accum)
+    assert remat.temp_bytes < saved.temp_bytes
+
+
+def test_remat_does_not_change_the_training_math(result):
+  res, _ = result
+  base = res.baseline
+  for r in res.records:
+    assert r.loss_first == pytest.approx(base.loss_first, rel=1e-5)
+    assert r.loss_last == pytest.approx(base.loss_last, rel=1e-4)
+
+
+def test_relative_figures_are_relative_to_save_everything_of_the_run(result):
+  res, _ = result
+  base = res.baseline
+  assert base.policy == "save-everything" and base.grad_accum == 1
+  assert [r.is_baseline for r in res.records] == [True, False, False, False]
+  for r in res.records:
+    assert r.relative_step_time == pytest.approx(r.step_time_s / base.step_time_s)
+    assert r.relative_tokens_per_s == pytest.approx(r.tokens_per_s / base.tokens_per_s)
+    assert r.relative_peak_bytes == pytest.approx(r.peak_bytes / base.peak_bytes)
+    assert r.relative_compile_time == pytest.approx(
+        r.compile_time_s / base.compile_time_s)
+  assert base.relative_step_time == 1.0
+
+
+def test_cpu_run_says_what_its_figures_mean(result):
+  res, progress = result
+  text = str(res)
+  assert "boundary-only" in text and "CPU figures" in text
+  assert "XLA_FLAGS=" in text and "scheduler" in text
+  assert "[1/8] save-everything: compiling..." in progress
+  assert "[8/8]" in progress
+
+
+def test_csv_and_json_hold_every_record(result):
+  res, _ = result
+  lines = res.to_csv().splitlines()
+  assert len(lines) == 1 + len(res.records)
+  assert lines[0].startswith("policy,grad_accum,")
+  assert [r["policy"] for r in json.loads(res.to_json())] == [
+      r.policy for r in res.records]
+
+
+# ---------------------------------------------------------------- the step
+
+def test_accumulation_splits_the_batch_into_micro_batches():
+  seen = []
+
+  def loss(w, batch):
+    seen.append(batch.shape)
+    return jnp.mean((batch @ w) ** 2)
+
+  w = jnp.ones((3, 2))
+  step = make_train_step(loss, optax.sgd(0.1), grad_accum=4)
+  jax.jit(step)((w, optax.sgd(0.1).init(w)), jnp.ones((8, 3)))
+  assert seen == [(2, 3)]
+
+
+@pytest.mark.parametrize("optimizer", [optax.sgd(0.05), optax.adamw(1e-2)],
+                         ids=["sgd", "adamw"])
+def test_accumulation_equals_one_big_batch(optimizer):
+  params, batch = make_args(batch_size=8)
+  state = (params, optimizer.init(params))
+  outs = {}
+  for k in (1, 4):
+    step = jax.jit(make_train_step(scanned_loss, optimizer, grad_accum=k))
+    (new_params, _), loss = step(state, batch)
+    outs[k] = (float(loss), new_params)
+  assert outs[4][0] == pytest.approx(outs[1][0], rel=1e-6)
+  np.testing.assert_allclose(outs[4][1]["w"], outs[1][1]["w"],
+                             rtol=1e-5, atol=1e-7)
+  # The update is real (a step that returned params unchanged would pass).
+  assert not np.allclose(outs[1][1]["w"], params["w"])
+
+
+# ---------------------------------------------------------------- memory
+
+def test_step_memory_follows_the_policy(remat_mode):
+  args = make_args(abstract=True)
+  saved = step_memory(scanned_loss, *args, policy="save-everything")
+  remat = step_memory(scanned_loss, *args, policy="boundary-only")
+  assert remat["temp_bytes"] < saved["temp_bytes"]
+  assert saved["argument_bytes"] == remat["argument_bytes"]
+
+
+def test_largest_batch_fits_and_its_double_does_not():
+  args = make_args(abstract=True)
+  budget = step_memory(scanned_loss, *args, batch=24)["peak_bytes"] - 1
+  search = rt.largest_batch(scanned_loss, *args, budget=budget,
+                            policies=["boundary-only"], max_batch=256,
+                            progress=False)
+  assert list(search.fits) == ["save-everything", "boundary-only"]
+  for policy, fit in search.fits.items():
+    assert 1 <= fit.batch < 256 and not fit.hit_cap
+    assert fit.over_batch == fit.batch + 1
+    assert fit.bytes <= budget < fit.over_bytes
+    own = step_memory(scanned_loss, *args, policy=policy, batch=fit.batch)
+    double = step_memory(scanned_loss, *args, policy=policy, batch=2 * fit.batch)
+    assert own["peak_bytes"] == fit.bytes
+    assert double["peak_bytes"] > budget
+  # Recomputing instead of saving admits more examples under scan.
+  assert search.fits["boundary-only"].batch > search.fits["save-everything"].batch
+  assert "largest micro-batch" in str(search)
+
+
+def test_largest_batch_stops_at_the_cap_and_at_nothing_fits():
+  args = make_args(abstract=True)
+  roomy = rt.largest_batch(scanned_loss, *args, budget="1GiB", policies=[],
+                           max_batch=4, progress=False)
+  fit = roomy.fits["save-everything"]
+  assert (fit.batch, fit.hit_cap, fit.over_batch) == (4, True, None)
+  tight = rt.largest_batch(scanned_loss, *args, budget=1024, policies=[],
+                           max_batch=4, progress=False)
+  fit = tight.fits["save-everything"]
+  assert (fit.batch, fit.bytes, fit.over_batch) == (0, None, 1)
+  assert fit.over_bytes > 1024
+
+
+def _brute_force(measure, budget, cap):
+  best = 0
+  for n in range(1, cap + 1):
+    if measure(n) > budget:
+      break
+    best = n
+  return best
+
+
+@pytest.mark.parametrize("fixed,per_example,step,quadratic",
+                         [(1000, 37, 1, 0), (5000, 64, 8, 0), (10, 3, 1, 2),
+                          (0, 1000, 64, 0), (7, 1, 1, 0)])
+@pytest.mark.parametrize("budget", [0, 999, 4000, 123_456, 10**9])
+@pytest.mark.parametrize("cap", [1, 5, 300, 4096])
+def test_search_finds_the_exact_limit(fixed, per_example, step, quadratic,
+                                      budget, cap):
+  def measure(n):
+    return fixed + per_example * (-(-n // step) * step) + quadratic * n * n
+
+  good, bad, tries = _search(measure, budget, cap)
+  assert good == _brute_force(measure, budget, cap)
+  assert bad == (None if good == cap else good + 1)
+  assert len({n for n, _ in tries}) == len(tries)  # no size compiled twice
+  assert all(measure(n) == b for n, b in tries)
+
+
+def test_search_needs_few_compiles_when_memory_is_affine():
+  _, _, tries = _search(lambda n: 1000 + 37 * n, 1000 + 37 * 300 + 5, 4096)
+  assert len(tries) <= 5
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"policies": ["no-such-policy"]}, ValueError, "no-such-policy"),
+    ({"policies": "boundary-only"}, TypeError, "list"),
+    ({"steps": 0}, ValueError, "steps"),
+    ({"steps": 1.5}, TypeError, "steps"),
+    ({"warmup": -1}, ValueError, "warmup"),
+    ({"grad_accum": 3}, ValueError, "8 examples"),
+    ({"grad_accum": []}, ValueError, "grad_accum"),
+    ({"seq": 32}, ValueError, "built-in"),
+    ({"optimizer": "adam"}, TypeError, "optax"),
+])
+def test_bench_rejects_bad_input(kwargs, error, match):
+  params, batch = make_args()
+  with pytest.raises(error, match=match):
+    rt.bench(scanned_loss, params, batch, progress=False, **kwargs)
+
+
+def test_bench_rejects_bad_models():
+  params, batch = make_args()
+  with pytest.raises(ValueError, match="Unknown model config"):
+    rt.bench("no-such-model", progress=False)
+  with pytest.raises(TypeError, match="no positional"):
+    rt.bench("tiny", params, progress=False)
+  with pytest.raises(TypeError, match="loss_fn, params, batch"):
+    rt.bench(scanned_loss, params, progress=False)
+  with pytest.raises(ValueError, match="disagree"):
+    rt.bench(scanned_loss, params, {"x": batch["x"], "y": batch["y"][:4]},
+             progress=False)
+  with pytest.raises(ValueError, match="scalar"):
+    rt.bench(scanned_loss, params, {"x": jnp.ones(())}, progress=False)
+
+
+@pytest.mark.parametrize("budget,error", [("lots", ValueError),
+                                          ("-1GiB", ValueError),
+                                          (2.5, TypeError)])
+def test_largest_batch_rejects_a_budget_that_is_not_a_size(budget, error):
+  with pytest.raises(error, match="size"):
+    rt.largest_batch(scanned_loss, *make_args(abstract=True), budget=budget)
+
+
+def test_largest_batch_rejects_a_bad_cap():
+  with pytest.raises(ValueError, match="max_batch"):
+    rt.largest_batch(scanned_loss, *make_args(abstract=True), budget="1GiB",
+                     max_batch=0)
+
+
+# ---------------------------------------------------------------- CLI
+
+def _run_cli(argv):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    status = cli.main(argv)
+  return status, out.getvalue(), err.getvalue()
+
+
+def test_cli_bench_json_parses():
+  status, out, _ = _run_cli(["bench", "--model", "tiny", "--steps", "2",
+                             "--warmup", "1", "--quiet", "--json",
+                             "boundary-only"])
+  assert status == 0
+  records = json.loads(out)
+  assert [r["policy"] for r in records] == ["save-everything", "boundary-only"]
+  for r in records:
+    assert RECORD_FIELDS <= set(r)
+    # The built-in's batch is token ids: tokens = examples x sequence.
+    assert r["tokens_per_step"] == 2 * 16
+  assert records[0]["relative_step_time"] == 1.0
+
+
+def test_cli_largest_batch_json_parses():
+  status, out, _ = _run_cli(["bench", "--model", "tiny", "--quiet", "--json",
+                             "--max-batch-under", "1GiB", "--max-batch-cap",
+                             "1", "save-everything"])
+  assert status == 0
+  (fit,) = json.loads(out)
+  assert (fit["policy"], fit["batch"], fit["hit_cap"]) == ("save-everything", 1, True)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps", "0"], "steps must be at least 1"),
+    (["no-such-policy"], "no-such-policy"),
+    (["--max-batch-under", "lots"], "not a memory size"),
+    (["--model", "no-such-model"], "Unknown model config"),
+])
+def test_cli_bench_bad_input_exits_2_with_one_line(argv, message):
+  status, out, err = _run_cli(["bench", "--quiet", *argv])
+  assert status == 2 and out == ""
+  assert message in err and len(err.strip().splitlines()) == 1
