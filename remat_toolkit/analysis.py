@@ -373,7 +373,10 @@ class TracedProgram:
         path = _path_from_label(label)
       else:
         label = "constant"
-    elif self._root and (path == self._root or path.startswith(self._root + "/")):
+    elif self._root and (path == self._root
+                         or path.startswith((self._root + "/", self._root + "."))):
+      # Flax names the root scope after the model class; a lifted
+      # transform's scope is "Root.name".
       path = path[len(self._root) + 1:]
     return Residual(
         shape=tuple(int(d) for d in o.aval.shape), dtype=str(o.aval.dtype),
@@ -537,12 +540,37 @@ class Comparison:
     return self.reports.get(_BASELINE)
 
   def pareto(self) -> dict[str, bool]:
-    """Policies no other policy beats on both device bytes and recompute."""
-    items = [(n, r.activation_bytes, r.recompute_flops)
-             for n, r in self.reports.items()]
-    return {n: not any((b2 <= b and f2 <= f) and (b2 < b or f2 < f)
-                       for _, b2, f2 in items)
-            for n, b, f in items}
+    """Policies no other policy beats on device bytes, recompute and offload.
+
+    Offloaded bytes count as a cost of their own (host transfers), so an
+    offloading policy does not hide the policies that move nothing.
+    """
+    items = {n: (r.activation_bytes, r.recompute_flops, r.offloaded_bytes)
+             for n, r in self.reports.items()}
+    return {n: not any(all(o <= v for o, v in zip(other, mine, strict=True))
+                       and other != mine for other in items.values())
+            for n, mine in items.items()}
+
+  def distinctive(self, name: str, top: int = 2) -> list[str]:
+    """The largest residual groups of ``name`` not kept alike by every policy.
+
+    Residuals every compared policy keeps (the loss's softmax, say) say
+    nothing about the choice between policies, so they are left out.
+    """
+    def keys(report):
+      counts: dict[tuple, int] = defaultdict(int)
+      for r in report.activations:
+        counts[(r.what, r.module_path, r.nbytes)] += 1
+      return counts
+
+    per_policy = {n: keys(r) for n, r in self.reports.items()}
+    common = {k: min(c.get(k, 0) for c in per_policy.values())
+              for k in per_policy[name]}
+    groups: dict[str, int] = defaultdict(int)
+    for (what, _, nbytes), count in per_policy[name].items():
+      groups[what] += (count - common[(what, _, nbytes)]) * nbytes
+    ranked = sorted((b, w) for w, b in groups.items() if b > 0)
+    return [w for _, w in reversed(ranked[-top:])]
 
   def rows(self) -> list[dict[str, Any]]:
     """One record per policy (the table's data)."""
@@ -550,7 +578,7 @@ class Comparison:
     pareto = self.pareto()
     rows = []
     for name, r in self.reports.items():
-      top = [k for k in r.by_name()][:2]
+      top = self.distinctive(name)
       rows.append({
           "policy": name,
           "activation_bytes": r.activation_bytes,
@@ -600,8 +628,10 @@ class Comparison:
       lines.append(
           f"\nforward {format_flops(b.forward_flops)}, no-remat step "
           f"{format_flops(b.baseline_step_flops)} (matmul FLOPs); "
-          f"{self.regions} remat regions; * = Pareto-optimal "
-          "(no policy keeps fewer bytes with less recompute)")
+          f"{self.regions} remat regions; largest = biggest residuals this "
+          "policy keeps that not every policy keeps; * = Pareto-optimal (no "
+          "policy is as good on device bytes, recompute and offload, and "
+          "better on one)")
     for name, why in self.skipped.items():
       lines.append(f"skipped {name}: {why}")
     if self.regions == 0:

@@ -267,9 +267,12 @@ def _builtin_workload(model: Any, *, batch: int | None, seq: int | None,
   from remat_toolkit import models
   config = models.get_config(model)
   size = batch if batch is not None else default_batch(config.batch_size)
-  loss_fn, (params, data) = models.build_loss(
-      config, batch=size, seq=seq, dtype=dtype, scan=scan, abstract=abstract,
-      seed=seed)
+  options = dict(batch=size, seq=seq, dtype=dtype, scan=scan, seed=seed)
+  loss_fn, (params, data) = models.build_loss(config, abstract=True, **options)
+  if not abstract:
+    # One compiled initialisation instead of hundreds of eager ops.
+    params, data = jax.jit(
+        lambda: models.build_loss(config, abstract=False, **options)[1])()
   config = models.get_config(config, batch_size=size,
                              seq_len=seq or config.seq_len,
                              dtype=dtype or config.dtype)

@@ -299,6 +299,154 @@ def _describe(policy: Policy, source: str) -> str:
   return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- models
+
+_DEFAULT_ANALYSIS_MODEL = "gpt2-small"
+
+
+def _add_model_options(parser: argparse.ArgumentParser, *,
+                       default: str = _DEFAULT_ANALYSIS_MODEL) -> None:
+  """Options that choose the model: a built-in config or ``module:function``."""
+  parser.add_argument(
+      "--model", default=default, metavar="CONFIG|MODULE:FUNCTION",
+      help="a built-in config (tiny, gpt2-small, gpt2-xl, llama-7b, "
+           "seed-example) or MODULE:FUNCTION returning (loss_fn, args) "
+           f"(default: {default})")
+  parser.add_argument("--batch", type=int, metavar="N", help="batch size")
+  parser.add_argument("--seq", type=int, metavar="N", help="sequence length")
+  parser.add_argument("--dtype", metavar="DTYPE",
+                      help="activation dtype, e.g. bfloat16")
+  layout = parser.add_mutually_exclusive_group()
+  layout.add_argument("--scan", dest="scan", action="store_true", default=None,
+                      help="apply the blocks with scan")
+  layout.add_argument("--no-scan", dest="scan", action="store_false",
+                      help="unroll the blocks in Python")
+  parser.add_argument("--group", metavar="G",
+                      help="blocks per remat region, or 'sqrt'")
+  parser.add_argument("--framework", choices=("linen", "nnx"), default="linen",
+                      help="built-in model implementation (default: linen)")
+
+
+def _load_model(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple]:
+  """``(loss_fn, args)`` of the model the options name (abstract shapes)."""
+  if ":" in args.model:
+    return _load_user_model(args.model)
+  from remat_toolkit import models
+  group = args.group
+  if group is not None and group != "sqrt":
+    try:
+      group = int(group)
+    except ValueError:
+      raise ValueError(
+          f"--group must be a positive integer or 'sqrt', got {group!r}.") from None
+  return models.build_loss(args.model, batch=args.batch, seq=args.seq,
+                           dtype=args.dtype, scan=args.scan, group=group,
+                           framework=args.framework)
+
+
+def _load_user_model(spec: str) -> tuple[Callable[..., Any], tuple]:
+  import importlib
+  module_name, _, attr = spec.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(
+        f"--model {spec!r}: cannot import module {module_name!r} ({e}); give "
+        "MODULE:FUNCTION with the module on the Python path.") from None
+  factory = getattr(module, attr, None)
+  if not callable(factory):
+    raise ValueError(
+        f"--model {spec!r}: {module_name} has no function {attr!r}; it must "
+        "return (loss_fn, args).")
+  result = factory()
+  if (not isinstance(result, tuple) or len(result) != 2
+      or not callable(result[0])):
+    raise ValueError(
+        f"--model {spec!r}: {attr}() must return (loss_fn, args), got "
+        f"{type(result).__name__}.")
+  loss_fn, loss_args = result
+  return loss_fn, tuple(loss_args) if isinstance(loss_args, (list, tuple)) else (loss_args,)
+
+
+# ---------------------------------------------------------------- compare
+
+def _add_compare_parser(subparsers: Any) -> None:
+  parser = _command_parser(
+      subparsers, "compare",
+      summary="Analyse every policy on a model (abstract shapes, nothing "
+              "allocated): activation bytes kept, offloaded bytes, recompute "
+              "FLOPs, largest residuals; Pareto-optimal rows marked.")
+  parser.add_argument("policy", nargs="*",
+                      help="policies to compare (default: the whole catalogue)")
+  _add_model_options(parser)
+  parser.add_argument("--compile", action="store_true",
+                      help="also compile jit(grad) per policy and add XLA's "
+                           "memory analysis (slow)")
+  parser.add_argument("--json", action="store_true", help="print JSON")
+  parser.set_defaults(run=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+  from remat_toolkit import analysis
+  loss_fn, loss_args = _load_model(args)
+  comparison = analysis.compare(loss_fn, *loss_args,
+                                policies=args.policy or None,
+                                compile=args.compile)
+  if args.json:
+    print(comparison.to_json(indent=2))
+  else:
+    print(_model_line(args))
+    print(comparison)
+  return 0
+
+
+def _model_line(args: argparse.Namespace) -> str:
+  parts = [f"model {args.model}"]
+  for key in ("batch", "seq", "dtype", "group"):
+    value = getattr(args, key)
+    if value is not None:
+      parts.append(f"{key} {value}")
+  if args.scan is not None:
+    parts.append("scan" if args.scan else "unrolled")
+  return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- analyze
+
+def _add_analyze_parser(subparsers: Any) -> None:
+  parser = _command_parser(
+      subparsers, "analyze",
+      summary="What one policy keeps for the backward pass, module by module.")
+  parser.add_argument("--policy", default=None,
+                      help="policy name (default: the ambient default, "
+                           "boundary-only)")
+  _add_model_options(parser)
+  parser.add_argument("--depth", type=int, default=2,
+                      help="module-path components per row (default: 2)")
+  parser.add_argument("--limit", type=int, default=40,
+                      help="rows shown (default: 40)")
+  parser.add_argument("--compile", action="store_true",
+                      help="add XLA's memory analysis of jit(grad)")
+  parser.add_argument("--json", action="store_true",
+                      help="print the report as JSON, one entry per residual")
+  parser.set_defaults(run=_cmd_analyze)
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+  from remat_toolkit import analysis
+  loss_fn, loss_args = _load_model(args)
+  report = analysis.analyze(loss_fn, *loss_args, policy=args.policy,
+                            compile=args.compile)
+  if args.json:
+    print(report.to_json(indent=2))
+    return 0
+  print(_model_line(args))
+  print("\n".join(report.summary_lines()))
+  print()
+  print(report.table(depth=args.depth, limit=args.limit))
+  return 0
+
+
 # ---------------------------------------------------------------- bench
 
 def _int_list(text: str) -> list[int]:
@@ -388,6 +536,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 _PARSER_BUILDERS: list[Callable[[Any], None]] = [
     _add_list_parser,
     _add_show_parser,
+    _add_compare_parser,
+    _add_analyze_parser,
     _add_bench_parser,
 ]
 

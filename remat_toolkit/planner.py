@@ -70,11 +70,11 @@ DEFAULT_DEVICE_FLOPS: float = 400e12
 #: Group sizes weighed when ``groups`` is a callable (``"sqrt"``: about
 #: sqrt(layers), as the built-in models read it).
 DEFAULT_GROUP_SIZES: tuple[int | str, ...] = (1, 2, 4, "sqrt")
-#: Analyzer evaluations after which the search stops and returns the best
-#: plan found, marked not proven optimal.
-DEFAULT_MAX_EVALUATIONS = 400
-# Predicted-best choices measured before the branch and bound starts.
-_MODEL_CANDIDATES = 3
+#: Analyzer evaluations the repair and proof stages may take per plan; past
+#: them the best plan measured is returned, marked not proven optimal.
+DEFAULT_MAX_EVALUATIONS = 48
+# Most model predictions measured before the branch and bound starts.
+_MODEL_CANDIDATES = 8
 
 # Whole alternatives: policies JAX cannot combine with checkpoint names.
 _MODES: dict[str, dict[str, Any]] = {
@@ -210,15 +210,15 @@ class _Search:
       self.best = o
 
   def run(self) -> None:
+    """Searches until proven; raises _OutOfEvaluations at the limit."""
+    self.complete = False
     self._push((-math.inf, 0), frozenset(), frozenset(), self.names)
-    try:
-      while self._heap:
-        bound, _, saved, offloaded, undecided = heapq.heappop(self._heap)
-        if self._dominated(bound):
-          break  # every other node's bound is at least as large
-        self._expand(bound, saved, offloaded, undecided)
-    except _OutOfEvaluations:
-      self.complete = False
+    while self._heap:
+      bound, _, saved, offloaded, undecided = heapq.heappop(self._heap)
+      if self._dominated(bound):
+        break  # every other node's bound is at least as large
+      self._expand(bound, saved, offloaded, undecided)
+    self.complete = True
 
   def _push(self, bound, saved, offloaded, undecided) -> None:
     heapq.heappush(self._heap, (bound, next(self._count), saved, offloaded,
@@ -284,8 +284,9 @@ class _AdditiveModel:
                   for n, o in sorted(singles.items())
                   if (o.device_bytes, o.cost) != (base.device_bytes, base.cost)]
 
-  def best(self, limits: _Limits, count: int) -> list[_Choice]:
-    """The ``count`` choices of least predicted cost that are predicted to fit.
+  def ranked(self, limits: _Limits, count: int
+             ) -> list[tuple[float, _Choice]]:
+    """Up to ``count`` (predicted cost, choice) predicted to fit, cheapest first.
 
     An exact dynamic programme over the predicted (device, host, cost)
     states, dropping states another state beats on all three.
@@ -309,7 +310,7 @@ class _AdditiveModel:
            and s[1] <= limits.host])
     fitting = sorted((s for s in states if s[0] <= limits.device),
                      key=lambda s: (s[2], s[0], s[1]))
-    return [_Choice(save=s[3], offload=s[4]) for s in fitting[:count]]
+    return [(s[2], _Choice(save=s[3], offload=s[4])) for s in fitting[:count]]
 
 
 def _undominated(states: list[tuple]) -> list[tuple]:
@@ -689,19 +690,26 @@ class _Planner:
             ) -> tuple[_Outcome | None, bool]:
     """The least-cost fitting outcome, and whether the search proved it.
 
-    The additive model's best predictions are measured first (so a good
-    plan exists early); the branch and bound then repairs or proves it over
-    real evaluations, up to ``max_evaluations`` of them.
+    The additive model's predictions are measured cheapest first until the
+    model predicts nothing better than what was measured (this repairs a
+    prediction that interactions between names made wrong); the branch and
+    bound then proves the result over real evaluations, or improves it, with
+    at most ``max_evaluations`` analyzer evaluations for both stages.
     """
+    model = self.model()
     search = _Search(self.evaluate, self.names, limits, self.allow_offload)
-    for choice in self.model().best(limits, _MODEL_CANDIDATES):
-      self.evaluate(choice)
-    # Whatever already fits is an incumbent that prunes the search.
+    # Whatever already fits (named policies, whole alternatives) competes.
     for o in list(self.evaluate.outcomes()):
       search.offer(o)
     self.evaluate.limit = self.evaluate.evaluations + max_evaluations
     try:
+      for predicted, choice in model.ranked(limits, _MODEL_CANDIDATES):
+        if search.best is not None and predicted >= search.best.cost:
+          break
+        search.offer(self.evaluate(choice))
       search.run()
+    except _OutOfEvaluations:
+      search.complete = False
     finally:
       self.evaluate.limit = None
     best = search.best
@@ -808,7 +816,6 @@ def _plan_on(planner: _Planner, budget: int, *, host_budget: int | None,
   device = planner.peak_limit(budget) if peak else budget
   limits = _Limits(device=min(device, budget),
                    host=math.inf if host_budget is None else host_budget)
-  start = planner.evaluate.evaluations
   best, complete = planner.solve(limits, max_evaluations)
   if best is None:
     raise _infeasible(budget, planner, complete,
@@ -823,7 +830,7 @@ def _plan_on(planner: _Planner, budget: int, *, host_budget: int | None,
       recompute_percent=best.report.recompute_percent, cost=best.cost,
       decisions=_decisions(choice, planner.names),
       named=planner.named_fits(limits), report=best.report,
-      optimal=complete, evaluations=planner.evaluate.evaluations - start,
+      optimal=complete, evaluations=planner.evaluate.evaluations,
       smallest_bytes=planner.smallest().device_bytes,
       workspace_bytes=workspace, estimated_peak=best.device_bytes + workspace,
       group=group, host_budget=host_budget, host_bandwidth=host_bandwidth,

@@ -1,0 +1,150 @@
+"""The analyzer on the built-in GPT: the seed example, FLOPs, CLI."""
+
+import contextlib
+import io
+import json
+import sys
+import textwrap
+from unittest import mock
+
+import pytest
+
+import remat_toolkit as rt
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import analysis
+from remat_toolkit import cli
+from remat_toolkit import models
+
+MIB = 2**20
+
+
+def stream_residuals(report, shape):
+  """Activation residuals of the residual-stream shape, outside the final norm."""
+  return [r for r in report.activations
+          if r.shape[-3:] == shape and r.dtype == "bfloat16"
+          and not r.module_path.startswith("ln_f")]
+
+
+@pytest.mark.parametrize("group, regions", [(1, 24), (4, 6)])
+def test_seed_example_boundary_bytes_scanned(group, regions):
+  fn, args = models.build_loss("seed-example", group=group, scan=True)
+  report = rt.analyze(fn, *args, policy="boundary-only")
+  # One residual-stream tensor: micro-batch 2 x seq 2048 x hidden 4096, bf16.
+  assert 2 * 2048 * 4096 * 2 == 32 * MIB
+  inputs = stream_residuals(report, (2, 2048, 4096))
+  assert len(inputs) == 1 and inputs[0].stacked == regions
+  assert inputs[0].nbytes == regions * 32 * MIB
+
+
+def test_seed_example_boundary_bytes_unrolled_in_six_regions():
+  fn, args = models.build_loss("seed-example", group=4, scan=False)
+  report = rt.analyze(fn, *args, policy="boundary-only")
+  inputs = stream_residuals(report, (2, 2048, 4096))
+  assert [r.nbytes for r in inputs] == [32 * MIB] * 6
+  # The region inputs are the embedding and every fourth block's output.
+  assert sorted(r.module_path.split("/")[-1] for r in inputs if r.name) == [
+      f"layers_{i}" for i in (11, 15, 19, 3, 7)]
+
+
+def test_gpt_flops_match_hand_arithmetic(remat_mode):
+  cfg = models.get_config("tiny")
+  b, s, d, f, v = cfg.batch_size, cfg.seq_len, cfg.d_model, cfg.d_ff, cfg.vocab_size
+  fn, args = models.build_loss(cfg, scan=False)
+  comparison = rt.compare(fn, *args, policies=["save-everything", "boundary-only",
+                                               "save-matmuls"])
+  projections = 4 * 2 * b * s * d * d          # q, k, v, out
+  attention = 2 * (2 * b * s * s * d)          # q k^T and probs v, all heads
+  ffn = 2 * (2 * b * s * d * f)                # up and down
+  head = 2 * b * s * d * v                     # tied LM head
+  forward = cfg.num_layers * (projections + attention + ffn) + head
+  keep_all = comparison.reports["save-everything"]
+  assert keep_all.forward_flops == forward
+  # Every matmul has two differentiable operands: backward is twice forward.
+  assert keep_all.baseline_step_flops == 3 * forward
+  # Full recompute redoes every block matmul but the FFN down projection,
+  # whose output only feeds the block's last residual add (the attention
+  # output projection is redone: the FFN's layer norm needs x + attn.out).
+  redo = cfg.num_layers * (projections + attention + 2 * b * s * d * f)
+  assert comparison.reports["boundary-only"].recompute_flops == redo
+  if not remat_mode:
+    assert keep_all.recompute_flops == 0
+    assert comparison.reports["save-matmuls"].recompute_flops == 0
+
+
+def test_identical_layers_share_one_body_without_changing_the_report():
+  fn, args = models.build_loss(models.get_config("tiny", num_layers=4), scan=False)
+  with internals.remat3(False):
+    program = analysis.TracedProgram(fn, args)
+    bodies = {id(e.params["jaxpr"]) for e in program.jaxpr.jaxpr.eqns
+              if e.primitive is internals.remat_p}
+    assert program.regions == 4 and len(bodies) == 1
+    shared = program.report(rt.get_policy("save-attention"))
+    with mock.patch.object(internals, "share_identical_regions", lambda j, m: j):
+      plain = analysis.TracedProgram(fn, args).report(rt.get_policy("save-attention"))
+  assert shared.to_dict() == plain.to_dict()
+  assert {f"layers_{i}/attn" for i in range(4)} <= {
+      r.module_path for r in shared.activations}
+
+
+def run_cli(*argv):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    status = cli.main(list(argv))
+  return status, out.getvalue(), err.getvalue()
+
+
+def test_cli_compare_prints_every_policy():
+  status, out, _ = run_cli("compare", "--model", "tiny")
+  assert status == 0
+  for name in rt.list_policies():
+    assert name in out
+  assert "Pareto" in out
+
+
+def test_cli_compare_json_and_policy_subset():
+  status, out, _ = run_cli("compare", "boundary-only", "save-ffn", "--model",
+                           "tiny", "--scan", "--json")
+  assert status == 0
+  rows = json.loads(out)["rows"]
+  assert [r["policy"] for r in rows] == ["boundary-only", "save-ffn"]
+
+
+def test_cli_analyze_shows_modules():
+  status, out, _ = run_cli("analyze", "--policy", "save-ffn", "--model", "tiny")
+  assert status == 0
+  assert "layers_0/mlp" in out and "ffn.up" in out
+
+
+def test_cli_user_model(tmp_path, monkeypatch):
+  (tmp_path / "my_model.py").write_text(textwrap.dedent("""
+      import jax, jax.numpy as jnp
+      import remat_toolkit as rt
+
+      @rt.remat
+      def block(w, x):
+        return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+
+      def build():
+        S = jax.ShapeDtypeStruct
+        return (lambda w, x: block(w, x).sum(),
+                (S((8, 8), jnp.float32), S((4, 8), jnp.float32)))
+  """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  status, out, _ = run_cli("compare", "--model", "my_model:build", "boundary-only",
+                           "save-ffn", "--json")
+  assert status == 0
+  rows = {r["policy"]: r for r in json.loads(out)["rows"]}
+  assert rows["save-ffn"]["activation_bytes"] > rows["boundary-only"]["activation_bytes"]
+  sys.modules.pop("my_model", None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("compare", "--model", "gpt3"), "gpt3"),
+    (("compare", "--model", "no_such_module:build"), "no_such_module"),
+    (("compare", "--model", "tiny", "save-atention"), "save-attention"),
+    (("analyze", "--model", "tiny", "--group", "two"), "--group"),
+])
+def test_cli_user_errors_exit_2_with_one_line(argv, message):
+  status, out, err = run_cli(*argv)
+  assert status == 2
+  assert message in err and "Traceback" not in err
