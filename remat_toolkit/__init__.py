@@ -17,6 +17,8 @@ from remat_toolkit.bench import BenchRecord
 from remat_toolkit.bench import BenchResult
 from remat_toolkit.bench import bench
 from remat_toolkit.bench import largest_batch
+from remat_toolkit.breakdown import Breakdown
+from remat_toolkit.breakdown import memory_breakdown
 from remat_toolkit.catalog import get_policy
 from remat_toolkit.catalog import list_policies
 from remat_toolkit.catalog import load_policies
@@ -26,6 +28,10 @@ from remat_toolkit.context import use_policy
 from remat_toolkit.grouping import nnx_scan_layers
 from remat_toolkit.grouping import remat_chain
 from remat_toolkit.grouping import scan_layers
+from remat_toolkit.planner import Frontier
+from remat_toolkit.planner import Plan
+from remat_toolkit.planner import frontier
+from remat_toolkit.planner import plan
 from remat_toolkit.policy import Policy
 from remat_toolkit.tags import MAXTEXT_NAMES
 from remat_toolkit.tags import VOCABULARY
@@ -48,6 +54,12 @@ __all__ = [
     "BenchResult",
     "bench",
     "largest_batch",
+    "Breakdown",
+    "memory_breakdown",
+    "Frontier",
+    "Plan",
+    "frontier",
+    "plan",
     "MAXTEXT_NAMES",
     "Policy",
     "VOCABULARY",

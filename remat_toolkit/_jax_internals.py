@@ -701,7 +701,7 @@ def float_dtypes_in(jaxpr: Jaxpr) -> frozenset[Any]:
     for eqn in j.eqns:
       for v in eqn.outvars:
         dtype = getattr(v.aval, "dtype", None)
-        if dtype is not None and _np.issubdtype(dtype, _np.inexact):
+        if dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact):
           found.add(_np.dtype(dtype))
       stack.extend(sub_jaxprs(eqn))
   return frozenset(found)

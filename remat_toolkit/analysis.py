@@ -373,11 +373,8 @@ class TracedProgram:
         path = _path_from_label(label)
       else:
         label = "constant"
-    elif self._root and (path == self._root
-                         or path.startswith((self._root + "/", self._root + "."))):
-      # Flax names the root scope after the model class; a lifted
-      # transform's scope is "Root.name".
-      path = path[len(self._root) + 1:]
+    elif self._root:
+      path = _strip_root(path, self._root)
     return Residual(
         shape=tuple(int(d) for d in o.aval.shape), dtype=str(o.aval.dtype),
         nbytes=internals.aval_nbytes(o.aval), kind=o.kind, name=o.name,
@@ -455,9 +452,21 @@ def _as_abstract(x: Any, path: str) -> Any:
 
 
 def _root_scope(jaxpr) -> str:
-  firsts = {internals.module_path(e).split("/")[0] for e in jaxpr.eqns}
+  """The model's root scope (Flax names it after the class), if all share it."""
+  firsts = {internals.module_path(e).split("/")[0].split(".")[0]
+            for e in jaxpr.eqns}
   firsts.discard("")
   return firsts.pop() if len(firsts) == 1 else ""
+
+
+def _strip_root(path: str, root: str) -> str:
+  # Flax names the root scope after the model class, and a transform lifted
+  # over a method gets the scope "Root.method": drop the class name in both.
+  parts = path.split("/")
+  if parts and parts[0] == root:
+    parts = parts[1:]
+  parts = [p[len(root) + 1:] if p.startswith(root + ".") else p for p in parts]
+  return "/".join(parts)
 
 
 def _region_name_sets(jaxpr, marker) -> tuple[frozenset[str], ...]:

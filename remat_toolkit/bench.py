@@ -550,6 +550,8 @@ class BenchResult:
     xla_flags: the ``XLA_FLAGS`` environment variable during the run.
     jax_remat3: whether JAX's remat3 implementation was on.
     skipped: policy name -> why it did not run.
+    load_average: the host's 1-minute load average after the run, if known
+      (above the core count, CPU step times are noisy).
   """
 
   records: tuple[BenchRecord, ...]
@@ -561,6 +563,7 @@ class BenchResult:
   xla_flags: str
   jax_remat3: bool
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  load_average: float | None = None
 
   @property
   def baseline(self) -> BenchRecord:
@@ -610,7 +613,7 @@ class BenchResult:
     accum = any(r.grad_accum > 1 for r in self.records)
     device = any(r.device_peak_bytes is not None for r in self.records)
     headers = ["policy", "compile", "step (median)", "tokens/s", "step vs base",
-               "compiled peak", "peak vs base",
+               "compiled peak", "peak vs base", "XLA temp",
                "device peak" if device else "host RSS peak", "loss"]
     if accum:
       headers.insert(1, "accum x micro")
@@ -621,6 +624,7 @@ class BenchResult:
              f"{r.compile_time_s:.1f} s", f"{r.step_time_s * 1e3:.1f} ms",
              f"{r.tokens_per_s:,.0f}", _fmt_ratio(r.relative_step_time),
              format_bytes(r.peak_bytes), _fmt_ratio(r.relative_peak_bytes),
+             format_bytes(r.temp_bytes),
              _fmt_opt_bytes(measured) + ("" if r.measured_peak_is_own else " *"),
              f"{r.loss_last:.4f}"]
       if accum:
@@ -636,7 +640,8 @@ class BenchResult:
         f"tokens per step; median of {self.steps} steps after {self.warmup} "
         f"warm-up; {self.device_kind} ({self.backend}); "
         f"XLA_FLAGS={self.xla_flags or '(unset)'}; jax_remat3={self.jax_remat3}.",
-        f"compiled peak: {_MEMORY_FIGURE}, per policy. "
+        f"compiled peak: {_MEMORY_FIGURE}, per policy; XLA temp: its "
+        "temporaries, where the activations kept for the backward pass live. "
         "Measured peaks are process-wide high-water marks (policies ran in "
         "ascending compiled peak; * = the mark did not rise during that "
         "policy's run, so it is not its own).",
@@ -646,9 +651,21 @@ class BenchResult:
       out.append(
           "CPU figures: step times are XLA:CPU's and do not predict an "
           "accelerator's. XLA:CPU scheduler: " + cpu_scheduler_setting() + ".")
+      cores = os.cpu_count() or 1
+      if self.load_average is not None and self.load_average > cores:
+        out.append(
+            f"The host was busy (load average {self.load_average:.1f} on "
+            f"{cores} cores): step times are noisy.")
     for name, why in self.skipped.items():
       out.append(f"skipped {name}: {why}")
     return out
+
+  def to_markdown(self) -> str:
+    """The table as Markdown (for a README), without the notes."""
+    headers, body = self._table()
+    rule = ["---" if h == "policy" else "---:" for h in headers]
+    return "\n".join("| " + " | ".join(row) + " |"
+                     for row in [headers, rule, *body])
 
   def __str__(self) -> str:
     headers, body = self._table()
@@ -841,7 +858,15 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
       model=workload.description, steps=steps, warmup=warmup,
       backend=jax.default_backend(), device_kind=device.device_kind,
       xla_flags=os.environ.get("XLA_FLAGS", ""),
-      jax_remat3=internals.remat3_enabled(), skipped=skipped)
+      jax_remat3=internals.remat3_enabled(), skipped=skipped,
+      load_average=_load_average())
+
+
+def _load_average() -> float | None:
+  try:
+    return os.getloadavg()[0]
+  except (AttributeError, OSError):  # not on Windows
+    return None
 
 
 def _compile_all(plan: Sequence[tuple[Policy, int]], workload: _Workload,

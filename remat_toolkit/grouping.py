@@ -281,7 +281,9 @@ def _carry_step(block_cls: type) -> type:
 
 def _linen_scan(target: type, length: int) -> type:
   from flax import linen as nn
-  return nn.scan(target, variable_axes={"params": 0},
+  # Every collection is per layer: params, and mutable ones such as batch
+  # statistics or sown intermediates.
+  return nn.scan(target, variable_axes={True: 0},
                  split_rngs={"params": True, "dropout": True},
                  in_axes=nn.broadcast, length=length)
 
@@ -291,8 +293,8 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
   """A module class applying ``length`` blocks with ``scan``, each rematted.
 
   The linen form is ``nn.scan(nn.remat(block_cls, prevent_cse=False))`` with
-  parameters stacked along a leading axis (``variable_axes={'params': 0}``)
-  and ``params``/``dropout`` keys split per layer; the remat policy is read at
+  parameters (and any other variable collection) stacked along a leading
+  axis and ``params``/``dropout`` keys split per layer; the remat policy is read at
   trace time. With ``group > 1`` two scans are nested, the outer one over
   ``length // group`` remat regions of ``group`` blocks each (Chen et al.'s
   sqrt(n) schedule); parameters then have the leading shape

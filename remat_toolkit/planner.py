@@ -355,6 +355,8 @@ class GroupEstimate:
     group: the group size as given (None: ``fn`` as passed to :func:`plan`).
     regions: remat region executions per step (scan iterations included).
     boundary_bytes: activations under ``boundary-only``: region boundaries.
+    everything_bytes: the most activations any measured policy keeps (every
+      region's internals).
     workspace_bytes: one region's internals, materialised while it is
       recomputed in the backward pass under this layout's plan.
     activation_bytes: activations the plan keeps.
@@ -368,6 +370,7 @@ class GroupEstimate:
   group: Any
   regions: int
   boundary_bytes: int
+  everything_bytes: int
   workspace_bytes: int
   activation_bytes: int
   estimated_peak: int
@@ -641,7 +644,13 @@ class _Planner:
     self.named = self._catalogue()
     self.whole = {m: self.evaluate(_Choice(mode=m)) for m in self.modes}
     self.boundary_only = self.evaluate(_Choice())
-    self.executions = _region_executions(program, self.whole["save-everything"])
+    everything = self.evaluate(_Choice(save=frozenset(self.names)))
+    # The most any region keeps: what recomputing one region materialises
+    # again, at most (under jax_remat3, save-everything still recomputes
+    # unnamed values, so the largest measured keep stands in for it).
+    self.everything = max([everything, *self.whole.values()],
+                          key=lambda o: o.device_bytes)
+    self.executions = _region_executions(program, self.everything)
     self._model: _AdditiveModel | None = None
 
   def _catalogue(self) -> dict[str, _Outcome]:
@@ -666,16 +675,25 @@ class _Planner:
 
   def workspace(self, o: _Outcome) -> int:
     """One region's internals: what recomputing it materialises again."""
-    whole = self.whole["save-everything"].device_bytes
-    return max(whole - o.device_bytes, 0) // self.executions
+    return self._workspace(o.device_bytes)
 
-  def peak_limit(self, budget: int) -> float:
-    """Kept-activation bytes at which kept + workspace reaches ``budget``."""
-    whole = self.whole["save-everything"].device_bytes
-    e = self.executions
-    if e == 1:
-      return math.inf if whole <= budget else -1.0
-    return min((budget - whole / e) / (1 - 1 / e), math.inf)
+  def _workspace(self, kept: int) -> int:
+    return max(self.everything.device_bytes - kept, 0) // self.executions
+
+  def peak_limit(self, budget: int) -> int:
+    """The most kept bytes whose estimated peak fits ``budget`` (-1: none).
+
+    The peak ``kept + workspace(kept)`` never falls as ``kept`` grows, so a
+    bisection finds the limit.
+    """
+    lo, hi = -1, budget  # peak(lo) fits (or lo is -1); find the last that does
+    while lo < hi:
+      mid = (lo + hi + 1) // 2
+      if mid + self._workspace(mid) <= budget:
+        lo = mid
+      else:
+        hi = mid - 1
+    return lo
 
   def model(self) -> _AdditiveModel:
     """The additive model, measuring each name alone on first use."""
@@ -768,7 +786,7 @@ def _infeasible(budget: int, planner: _Planner, complete: bool,
       " (the search stopped at its evaluation limit; raise max_evaluations)")
   return ValueError(
       f"No policy fits the {limit_label} of {format_bytes(budget)} "
-      f"({budget} bytes){why}: the least any policy keeps is "
+      f"({budget} bytes){why}: the least activation memory measured is "
       f"{format_bytes(small.device_bytes)} ({small.device_bytes} bytes, "
       f"{name}). Raise the budget to at least that, use a smaller "
       "micro-batch, larger remat groups, or (jax_remat3 off) "
@@ -937,7 +955,7 @@ def _plan_groups(layouts, limit: int, planner_for, options) -> Plan:
       fn, args = _unpack_layout(group, build())
       planner = planner_for(fn, args)
     except ValueError as e:
-      estimates.append(GroupEstimate(group, 0, 0, 0, 0, 0, 0, "", False,
+      estimates.append(GroupEstimate(group, 0, 0, 0, 0, 0, 0, 0, "", False,
                                      f"skipped: {e}"))
       continue
     boundary = planner.boundary_only
@@ -948,13 +966,14 @@ def _plan_groups(layouts, limit: int, planner_for, options) -> Plan:
       smallest = peak if smallest is None else min(smallest, peak)
       estimates.append(GroupEstimate(
           group, planner.executions, boundary.device_bytes,
-          planner.workspace(boundary), boundary.device_bytes, peak,
+          planner.everything.device_bytes, planner.workspace(boundary), boundary.device_bytes, peak,
           boundary.recompute_flops, "", False, "nothing fits"))
       continue
     plans.append(p)
     smallest = p.estimated_peak if smallest is None else min(smallest, p.estimated_peak)
     estimates.append(GroupEstimate(
-        group, planner.executions, boundary.device_bytes, p.workspace_bytes,
+        group, planner.executions, boundary.device_bytes,
+        planner.everything.device_bytes, p.workspace_bytes,
         p.activation_bytes, p.estimated_peak, p.recompute_flops,
         p.policy.name, True))
   if not plans:
@@ -1176,13 +1195,11 @@ def _frontier_budgets(planner: _Planner, budgets) -> list[int]:
 def _frontier_plans(planner: _Planner, budgets, max_evaluations: int
                     ) -> list[FrontierPoint]:
   out: list[FrontierPoint] = []
-  seen: set[_Choice] = set()
   for budget in _frontier_budgets(planner, budgets):
     limits = _Limits(device=budget, host=math.inf)
     best, _ = planner.solve(limits, max_evaluations)
-    if best is None or best.choice in seen:
+    if best is None:
       continue
-    seen.add(best.choice)
     policy = best.choice.policy(f"plan-{best.choice.digest()}",
                                 _describe(best.choice, budget, best))
     out.append(_point(f"plan@{format_bytes(budget)}", "plan", policy, best,

@@ -63,23 +63,38 @@ def residuals(fn, *args):
 
 
 def assert_trees_close(a, b):
+  def as_numpy(x):
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    return np.asarray(x)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(
-      np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6), a, b)
+      as_numpy(x), as_numpy(y), rtol=1e-5, atol=1e-5), a, b)
+
+
+def grad_of(loss, *args):
+  """``jax.grad(loss)(*args)``, traced once and run op by op.
+
+  Op-by-op execution shares compiled primitives across every test, where a
+  ``jit`` per model would compile each program anew.
+  """
+  closed, out_shape = jax.make_jaxpr(jax.grad(loss), return_shape=True)(*args)
+  flat = internals.eval_jaxpr(closed.jaxpr, closed.consts,
+                              *jax.tree.leaves(args))
+  return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
 
 
 def check_policies(make_ours, make_ref, plain_loss, *args):
-  """For every policy: gradients equal no remat (all in one jit, to compile
-  once), and the residuals equal the hand-written reference's.
+  """For every policy: gradients equal no remat, and the residuals equal the
+  hand-written reference's.
 
   Returns the residual records of ours, by policy.
   """
-  losses = [make_ours(policy) for policy in POLICIES]
-  grads, plain = jax.jit(lambda *a: ([jax.grad(f)(*a) for f in losses],
-                                     jax.grad(plain_loss)(*a)))(*args)
+  plain = grad_of(plain_loss, *args)
   records = {}
-  for policy, loss, grad in zip(POLICIES, losses, grads, strict=True):
+  for policy in POLICIES:
+    loss = make_ours(policy)
     try:
-      assert_trees_close(grad, plain)
+      assert_trees_close(grad_of(loss, *args), plain)
     except AssertionError as e:
       raise AssertionError(f"gradients differ under {policy}: {e}") from None
     records[policy] = residuals(loss, *args)
@@ -111,6 +126,9 @@ def block_math(x, layer, dropout):
 
 SIZES = {"q": D, "k": D, "v": D, "o": D, "up": 2 * D, "down": D}
 X = jax.random.normal(jax.random.key(1), (2, 4, D))
+# The rbg generator: the same masks in forward and recompute as any other,
+# and far fewer operations to compile than threefry.
+DROPOUT_KEY = jax.random.key(7, impl="rbg")
 
 
 # ---------------------------------------------------------------- linen
@@ -132,17 +150,19 @@ class LinenStack(nn.Module):
   block: type = LinenBlock
 
   @nn.compact
-  def __call__(self, x, train=True):
+  def __call__(self, x, train):
     for i in range(2):
       x = self.block(name=f"block_{i}")(x, train)
     return x
 
 
-def linen_losses(model):
+def linen_losses(model, train=False):
+  """The loss of ``model`` (dropout on if ``train``) and its variables."""
   variables = LinenStack().init(jax.random.key(0), X, False)
 
   def loss(params):
-    return model.apply(params, X, rngs={"dropout": jax.random.key(7)}).sum()
+    y = model.apply(params, X, train, rngs={"dropout": DROPOUT_KEY})
+    return jnp.sin(y).sum()
   return loss, variables
 
 
@@ -232,14 +252,17 @@ class NNXBlock(nnx.Module):
     return block_math(x, lambda name, h: self.layers[name](h), self.drop)
 
 
-def nnx_losses(block_cls):
-  block = block_cls(nnx.Rngs(0, dropout=3))
+def nnx_losses(block_cls, train=False):
+  """The loss of an NNX block (dropout on if ``train``), params, the rest."""
+  block = block_cls(nnx.Rngs(0, dropout=DROPOUT_KEY))
+  if not train:
+    block.eval()
   graphdef, params, rest = nnx.split(block, nnx.Param, ...)
 
   def loss(params, rest):
     # Fresh Variables in the current trace, so rng counters may advance.
     rest = jax.tree.map(lambda a: a, rest)
-    return nnx.merge(graphdef, params, rest)(X).sum()
+    return jnp.sin(nnx.merge(graphdef, params, rest)(X)).sum()
   return loss, params, rest
 
 
@@ -273,12 +296,42 @@ def test_nnx_class_and_state_updates(remat_mode):
   remat_cls = rt.remat(Block, "save-ffn")
   assert remat_cls.__name__ == "RematBlock" and issubclass(remat_cls, Block)
   ours, plain = remat_cls(nnx.Rngs(0, dropout=1)), Block(nnx.Rngs(0, dropout=1))
-  grads = [nnx.grad(lambda m: m(X).sum())(m) for m in (ours, plain)]
+  grads = [nnx.grad(lambda m: jnp.sin(m(X)).sum())(m) for m in (ours, plain)]
   assert_trees_close(nnx.state(grads[0]), nnx.state(grads[1]))
   # Batch statistics and rng counters were written back, once.
   assert_trees_close(nnx.state(ours), nnx.state(plain))
-  loss, params, rest = nnx_losses(lambda rngs: remat_cls(rngs))
+  loss, params, rest = nnx_losses(lambda rngs: remat_cls(rngs), train=True)
   assert named(residuals(loss, params, rest)) == {"ffn.up"}
+
+
+# ---------------------------------------------------------------- dropout
+
+def test_dropout_masks_repeat_in_the_recompute(remat_mode):
+  # The recompute draws the dropout mask again: gradients equal no remat's
+  # only if it is the same mask. rate 0.5, so a different mask cannot pass.
+  policy = "boundary-only"
+  jax_policy = HAND_WRITTEN[policy]
+  linen_cases = (
+      linen_losses(LinenStack(rt.remat(LinenBlock, policy)), train=True),
+      linen_losses(LinenStack(nn.remat(LinenBlock, policy=jax_policy,
+                                       static_argnums=(2,))), train=True),
+      linen_losses(LinenStack(), train=True))
+  nnx_cases = (
+      nnx_losses(nnx_method_block(rt.remat(policy=policy)), train=True),
+      nnx_losses(nnx_method_block(nnx.remat(policy=jax_policy)), train=True),
+      nnx_losses(NNXBlock, train=True))
+  key = DROPOUT_KEY
+
+  def plain_loss(fn):
+    return (lambda p: jnp.sin(fn(p, X, key, True)).sum(), init_params())
+  fn_cases = (plain_loss(rt.remat(block_fn, policy)),
+              plain_loss(jax.checkpoint(block_fn, policy=jax_policy,
+                                        static_argnums=(3,))),
+              plain_loss(block_fn))
+  for ours, ref, plain in (linen_cases, nnx_cases, fn_cases):
+    args = ours[1:]
+    assert_trees_close(grad_of(ours[0], *args), grad_of(plain[0], *args))
+    assert residuals(ours[0], *args) == residuals(ref[0], *args)
 
 
 # ---------------------------------------------------------------- functions
@@ -299,8 +352,8 @@ def block_fn(params, x, key, train):
     if name.startswith("ln"):
       mu = h.mean(-1, keepdims=True)
       sd = jnp.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-6)
-      return (h - mu) / sd * p["scale"] + p["bias"]
-    return h @ p["w"] + p["b"]
+      return (h - mu) / sd * p["scale"][None, None] + p["bias"][None, None]
+    return h @ p["w"] + p["b"][None, None]
 
   def dropout(p):
     if not train:  # a Python bool: static without static_argnums
@@ -313,7 +366,7 @@ def test_plain_function(remat_mode):
   key = jax.random.key(5)
 
   def loss_of(fn):
-    return lambda p: fn(p, X, key, True).sum()
+    return lambda p: jnp.sin(fn(p, X, key, False)).sum()
   check_policies(
       lambda policy: loss_of(rt.remat(block_fn, policy)),
       lambda jax_policy: loss_of(jax.checkpoint(
@@ -386,7 +439,7 @@ def test_static_argnums_count_call_arguments_not_self(remat_mode):
     @rt.remat(policy="save-ffn", static_argnums=(1,))
     @nn.compact
     def __call__(self, x, config):
-      return nn.Dense(config[0])(x)
+      return rt.tag(nn.Dense(config[0])(x), "ffn.up")
 
   config = (4,)  # a tuple: hashable, so it can be static
   variables = Block().init(jax.random.key(0), X, config)
@@ -399,10 +452,11 @@ def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
   marker = cp.save_only_these_names("__analyzer_marker__")
   variables = LinenStack().init(jax.random.key(0), X, False)
   linen_model = LinenStack(rt.remat(LinenBlock))
-  nnx_loss, params, rest = nnx_losses(nnx_method_block(rt.remat))
+  nnx_loss, params, rest = nnx_losses(nnx_method_block(rt.remat), train=True)
   programs = [
       lambda p: rt.remat(block_fn)(p, X, jax.random.key(0), True).sum(),
-      lambda v: linen_model.apply(v, X, rngs={"dropout": jax.random.key(0)}),
+      lambda v: linen_model.apply(v, X, True,
+                                  rngs={"dropout": jax.random.key(0)}),
       nnx_loss,
   ]
   arguments = [(init_params(),), (variables,), (params, rest)]
@@ -418,8 +472,7 @@ def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
 def test_replayed_region_keeps_module_paths(remat_mode):
   model = LinenStack(rt.remat(LinenBlock, "save-ffn"))
   variables = LinenStack().init(jax.random.key(0), X, False)
-  jaxpr = jax.make_jaxpr(lambda v: model.apply(
-      v, X, rngs={"dropout": jax.random.key(0)}))(variables).jaxpr
+  jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X, False))(variables).jaxpr
   bodies = [internals.remat_body_of(e) for e in jaxpr.eqns
             if internals.is_remat(e)]
   assert len(bodies) == 2

@@ -1,0 +1,83 @@
+"""How long comparing every policy takes, against JAX's own saved_residuals.
+
+The target: `rt.compare` over every built-in policy on the gpt2-xl shape
+(48 layers, abstract inputs) takes at most 2x what
+`jax.ad_checkpoint.saved_residuals` takes for ONE policy on the same function.
+
+Each measurement runs in a fresh process so that no trace cache is shared
+between the two sides; each side is measured `--repeats` times and the
+median reported.
+
+Usage:
+  python benchmarks/analyzer_speed.py [--config gpt2-xl] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe_machine  # noqa: E402
+
+_CHILD = r"""
+import json, sys, time
+import jax
+import remat_toolkit as rt
+from remat_toolkit import models
+config, scan, side = sys.argv[1], sys.argv[2] == "scan", sys.argv[3]
+fn, args = models.build_loss(config, scan=scan)
+if side == "jax":
+  def under_policy(*a):
+    with rt.use_policy("boundary-only"):
+      return fn(*a)
+  start = time.perf_counter()
+  jax.ad_checkpoint.saved_residuals(under_policy, *args)
+  count = 1
+else:
+  start = time.perf_counter()
+  comparison = rt.compare(fn, *args)
+  count = len(comparison.reports)
+print(json.dumps({"seconds": time.perf_counter() - start, "policies": count}))
+"""
+
+
+def _measure(config: str, layout: str, side: str) -> dict:
+  out = subprocess.run([sys.executable, "-c", _CHILD, config, layout, side],
+                       check=True, capture_output=True, text=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="gpt2-xl")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--json", metavar="PATH", help="also write results here")
+  args = parser.parse_args()
+  print(describe_machine())
+  print(f"config {args.config}, abstract inputs, median of {args.repeats} "
+        "fresh processes each\n")
+  rows = []
+  for layout in ("unrolled", "scan"):
+    jax_s = statistics.median(_measure(args.config, layout, "jax")["seconds"]
+                              for _ in range(args.repeats))
+    runs = [_measure(args.config, layout, "rt") for _ in range(args.repeats)]
+    rt_s = statistics.median(r["seconds"] for r in runs)
+    rows.append({"layout": layout, "jax_one_policy_s": jax_s,
+                 "compare_all_s": rt_s, "policies": runs[0]["policies"],
+                 "ratio": rt_s / jax_s})
+  print(f"{'layout':9} {'saved_residuals, 1 policy':>26} "
+        f"{'rt.compare, all policies':>25} {'ratio':>6}  target <= 2.0")
+  for r in rows:
+    print(f"{r['layout']:9} {r['jax_one_policy_s']:25.2f}s "
+          f"{r['compare_all_s']:17.2f}s ({r['policies']:2d}) {r['ratio']:6.2f}")
+  if args.json:
+    Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+  main()

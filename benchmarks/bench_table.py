@@ -1,0 +1,85 @@
+"""The README's bench table: every built-in policy's training step on a CPU.
+
+Runs ``rt.bench`` (AdamW, jit, donated state) on a small GPT (4 layers,
+d_model 128, sequence 128, batch 8, float32) under every policy of the
+catalogue, then prints the machine, the command and a Markdown table. Each
+figure is relative to save-everything from the same run.
+
+XLA:CPU's default (concurrency-optimised) scheduler keeps buffers alive and
+hides what remat frees, so this script turns it off before JAX starts,
+unless ``--default-scheduler`` is given; the flag it ran with is printed.
+
+Usage:
+  python benchmarks/bench_table.py [--steps 10] [--scan] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+SCHEDULER_OFF = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+# A GPT small enough to compile 16 times in a few minutes on two cores, big
+# enough that a step takes milliseconds rather than microseconds.
+CONFIG = dict(name="bench-small", num_layers=4, d_model=128, num_heads=4,
+              d_ff=512, seq_len=128, batch_size=8, dtype="float32")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--steps", type=int, default=10,
+                      help="timed steps per policy (default: 10)")
+  parser.add_argument("--warmup", type=int, default=3,
+                      help="untimed steps before them (default: 3)")
+  parser.add_argument("--scan", action="store_true",
+                      help="apply the layers with scan")
+  parser.add_argument("--default-scheduler", action="store_true",
+                      help="keep XLA:CPU's concurrency-optimised scheduler")
+  parser.add_argument("--policies", nargs="+", metavar="NAME",
+                      help="policies to run (default: the whole catalogue)")
+  parser.add_argument("--json", metavar="PATH",
+                      help="also write the machine and the records here")
+  return parser.parse_args(argv)
+
+
+def set_scheduler_flag(default_scheduler: bool) -> None:
+  # XLA reads XLA_FLAGS once, when the CPU backend starts: set it first.
+  flags = os.environ.get("XLA_FLAGS", "")
+  if not default_scheduler and SCHEDULER_OFF not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {SCHEDULER_OFF}".strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parse_args(argv)
+  set_scheduler_flag(args.default_scheduler)
+  import _machine
+  import remat_toolkit as rt
+  from remat_toolkit import models
+
+  config = models.get_config("tiny").replace(**CONFIG)
+  print(_machine.describe_machine())
+  print("command: python benchmarks/bench_table.py " + " ".join(
+      sys.argv[1:] if argv is None else argv))
+  start = time.perf_counter()
+  result = rt.bench(config, policies=args.policies or rt.list_policies(),
+                    steps=args.steps, warmup=args.warmup,
+                    scan=True if args.scan else None)
+  print()
+  print(result.to_markdown())
+  print()
+  for note in result.notes():
+    print(note)
+  print(f"(whole run: {time.perf_counter() - start:.0f} s)")
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump({"machine": _machine.machine_info(), "config": CONFIG,
+                 "scan": args.scan, "notes": result.notes(),
+                 "records": result.rows()}, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,48 @@
+"""The memory/recompute table of every built-in policy on a built-in model.
+
+Static analysis on abstract shapes: nothing is allocated, so the largest
+configs run on a laptop. This is the table in the README.
+
+Usage:
+  python benchmarks/policy_table.py [--config gpt2-small] [--group 1] [--scan]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import describe_machine  # noqa: E402
+
+import remat_toolkit as rt  # noqa: E402
+from remat_toolkit import models  # noqa: E402
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="gpt2-small")
+  parser.add_argument("--group", default=None)
+  parser.add_argument("--scan", action="store_true")
+  parser.add_argument("--policies", nargs="*", default=None)
+  args = parser.parse_args()
+  group = args.group if args.group in (None, "sqrt") else int(args.group)
+  print(describe_machine())
+  fn, loss_args = models.build_loss(args.config, group=group,
+                                    scan=args.scan or None)
+  cfg = models.get_config(args.config)
+  print(f"config {args.config}: {cfg.num_layers} layers x {cfg.d_model}, "
+        f"batch {cfg.batch_size}, seq {cfg.seq_len}, {cfg.dtype} activations, "
+        f"remat group {group or cfg.remat_group}, "
+        f"{'scan' if args.scan else 'unrolled'}\n")
+  start = time.perf_counter()
+  comparison = rt.compare(fn, *loss_args, policies=args.policies)
+  print(comparison)
+  print(f"\nanalysed {len(comparison.reports)} policies in "
+        f"{time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+  main()
