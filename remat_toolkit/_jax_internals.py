@@ -637,26 +637,92 @@ def effects_in_remat_regions(jaxpr: Jaxpr) -> list[EffectSite]:
   return found
 
 
+_ADDRESS = __import__("re").compile(r"0x[0-9a-fA-F]+")
+
+
+def _param_text(value: Any, emit: Callable[[Jaxpr, str], None], indent: str
+                ) -> str:
+  """A deterministic rendering of one equation parameter."""
+  if isinstance(value, ClosedJaxpr):
+    emit(value.jaxpr, indent)
+    return f"<closed jaxpr, consts {_consts_text(value.consts)}>"
+  if isinstance(value, Jaxpr):
+    emit(value, indent)
+    return "<jaxpr>"
+  if isinstance(value, (tuple, list)):
+    return "(" + ", ".join(_param_text(v, emit, indent) for v in value) + ")"
+  inner = getattr(value, "params", None)
+  if isinstance(inner, dict):  # remat3's RematTraced / CheckpointName
+    fields = ", ".join(f"{k}={_param_text(v, emit, indent)}"
+                       for k, v in sorted(inner.items()))
+    return f"{type(value).__name__}({fields})"
+  return _ADDRESS.sub("0x?", repr(value))
+
+
+def _consts_text(consts: Any) -> str:
+  import hashlib
+  parts = []
+  for c in consts:
+    x = _np.asarray(c)
+    digest = hashlib.sha1(x.tobytes()).hexdigest()[:12]
+    parts.append(f"{x.dtype}{list(x.shape)}#{digest}")
+  return "[" + ", ".join(parts) + "]"
+
+
+def canonical_lines(closed: ClosedJaxpr) -> list[str]:
+  """``closed`` as text lines that depend only on its structure and values.
+
+  Variables are numbered by first appearance in their jaxpr, nested jaxprs are written
+  inline at each use (JAX's printer hoists shared ones in an order that
+  depends on its caches), object addresses are masked and constants are
+  written as dtype, shape and a hash of their bytes.
+  """
+  lines: list[str] = []
+
+  def emit(jaxpr: Jaxpr, indent: str) -> None:
+    names: dict[Any, int] = {}  # a jaxpr's variables are local to it
+
+    def ref(v: Any) -> str:
+      if isinstance(v, Literal):
+        return f"{v.val!r}:{v.aval.str_short()}"
+      if v not in names:
+        names[v] = len(names)
+      return f"v{names[v]}"
+
+    lines.append(f"{indent}in " + " ".join(
+        f"{ref(v)}:{v.aval.str_short()}" for v in [*jaxpr.constvars,
+                                                   *jaxpr.invars]))
+    for eqn in jaxpr.eqns:
+      params = ", ".join(f"{k}={_param_text(val, emit, indent + '  ')}"
+                         for k, val in sorted(eqn.params.items()))
+      outs = " ".join(f"{ref(v)}:{v.aval.str_short()}" for v in eqn.outvars)
+      ins = " ".join(ref(v) for v in eqn.invars)
+      lines.append(f"{indent}{outs} = {eqn.primitive.name}[{params}] {ins}")
+    lines.append(f"{indent}out " + " ".join(ref(v) for v in jaxpr.outvars))
+
+  emit(closed.jaxpr, "")
+  lines.append(f"consts {_consts_text(closed.consts)}")
+  return lines
+
+
 def trace_difference(a: ClosedJaxpr, b: ClosedJaxpr) -> str | None:
   """How two traces of one function differ; None when structurally equal.
 
-  Compares the printed programs (variables are numbered in order, object
-  addresses are masked by JAX's printer, literals are printed by value) and
-  then the captured constants by value.
+  Compares :func:`canonical_lines` of both and names the first difference.
   """
-  lines_a, lines_b = str(a.jaxpr).splitlines(), str(b.jaxpr).splitlines()
-  for i, (la, lb) in enumerate(zip(lines_a, lines_b)):
+  lines_a, lines_b = canonical_lines(a), canonical_lines(b)
+  for la, lb in zip(lines_a, lines_b):
     if la != lb:
-      return f"line {i + 1}: {la.strip()!r} then {lb.strip()!r}"
+      return f"{_clip(la)!r} became {_clip(lb)!r}"
   if len(lines_a) != len(lines_b):
-    return (f"the first trace has {len(lines_a)} lines, the second "
-            f"{len(lines_b)}")
-  for i, (ca, cb) in enumerate(zip(a.consts, b.consts, strict=True)):
-    xa, xb = _np.asarray(ca), _np.asarray(cb)
-    if xa.shape != xb.shape or xa.dtype != xb.dtype or not _np.array_equal(
-        xa, xb, equal_nan=True):
-      return f"captured constant {i} ({xa.dtype}{list(xa.shape)}) changed value"
+    return (f"the first trace has {len(lines_a)} equations and lines, the "
+            f"second {len(lines_b)}")
   return None
+
+
+def _clip(text: str, limit: int = 160) -> str:
+  text = text.strip()
+  return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _set_every_region_policy(jaxpr: Jaxpr, policy: Any) -> Jaxpr:

@@ -387,8 +387,7 @@ class TracedProgram:
     step = self.step(policy)
     base = self.baseline_step_flops
     total = self.forward_flops + step.backward_flops
-    res_avals = [v.aval for v in step.jaxpr.jaxpr.outvars[1:]]
-    devices, per_device = _per_device(residuals, self._leaves, res_avals)
+    devices, per_device = _per_device(residuals, self._leaves, step)
     return ResidualReport(
         policy=policy.name, residuals=residuals,
         forward_flops=self.forward_flops,
@@ -488,8 +487,8 @@ def _path_from_label(label: str) -> str:
 
 
 def _per_device(residuals, leaves, step) -> tuple[int, int | None]:
-  # step: (step jaxpr, number of residuals); the residuals' shardings are
-  # read from it compiled with the arguments' shardings (see sharding.py).
+  # The residuals' shardings are read from the traced step compiled with the
+  # arguments' shardings (see sharding.py); unsharded programs skip that.
   from remat_toolkit import sharding as _sharding
   return _sharding.per_device_activation_bytes(residuals, leaves, step)
 

@@ -787,6 +787,26 @@ def _lcm(values: Sequence[int]) -> int:
   return math.lcm(*values)
 
 
+class _Deadline:
+  """Whether a run's time limit has passed (never, without one)."""
+
+  def __init__(self, limit_s: float | None):
+    if limit_s is not None and (isinstance(limit_s, bool) or not isinstance(
+        limit_s, (int, float)) or limit_s <= 0):
+      raise ValueError(f"time_limit_s must be a positive number of seconds "
+                       f"or None, got {limit_s!r}.")
+    self.limit_s = limit_s
+    self.start = time.perf_counter()
+
+  @property
+  def reason(self) -> str:
+    return f"the time limit of {self.limit_s:g} s was reached before it started"
+
+  def expired(self) -> bool:
+    return (self.limit_s is not None
+            and time.perf_counter() - self.start > self.limit_s)
+
+
 def bench(model: Model = DEFAULT_MODEL, *args: Any,
           policies: Sequence[str | Policy] | None = None,
           batch: int | None = None, seq: int | None = None,
@@ -795,6 +815,7 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
           grad_accum: int | Sequence[int] = 1,
           optimizer: optax.GradientTransformation | None = None,
           tokens_per_example: int | None = None, seed: int = 0,
+          time_limit_s: float | None = None,
           progress: bool = True) -> BenchResult:
   """Compiles and runs a training step under each policy and measures it.
 
@@ -824,6 +845,9 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
     tokens_per_example: user models: tokens in one example (default: axis 1
       of the first integer ``[batch, seq]`` leaf, else 1).
     seed: seeds a built-in model's parameters and tokens.
+    time_limit_s: compile no further policy once this many seconds have
+      passed (the baseline always runs); the rest are listed in
+      ``skipped``. Default: no limit.
     progress: print ``[i/n] policy: ...`` lines on stderr.
 
   Returns:
@@ -836,6 +860,7 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
   """
   _check_positive_int("steps", steps)
   _check_positive_int("warmup", warmup, minimum=0)
+  deadline = _Deadline(time_limit_s)
   accums = _grad_accum_values(grad_accum)
   chosen = _resolve_policies(policies, DEFAULT_POLICIES)
   workload = _workload(model, args, batch=batch, seq=seq, dtype=dtype,
@@ -847,7 +872,7 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
   plan = [(p, k) for k in accums for p in runnable]
   tracker = _Progress(2 * len(plan), progress)
   try:
-    compiled = list(_compile_all(plan, workload, tracker))
+    compiled = list(_compile_all(plan, workload, tracker, deadline, skipped))
     records = _run_all(compiled, workload, tracker, steps=steps, warmup=warmup)
   finally:
     tracker.close()
@@ -870,9 +895,14 @@ def _load_average() -> float | None:
 
 
 def _compile_all(plan: Sequence[tuple[Policy, int]], workload: _Workload,
-                 tracker: _Progress) -> Iterator[_Compiled]:
-  for policy, accum in plan:
+                 tracker: _Progress, deadline: _Deadline,
+                 skipped: dict[str, str]) -> Iterator[_Compiled]:
+  for i, (policy, accum) in enumerate(plan):
     item = _Compiled(policy, accum, None, 0.0, {})
+    if i and deadline.expired():
+      skipped[_label(item)] = deadline.reason
+      tracker.total -= 2
+      continue
     tracker.start(_label(item), "compiling...")
     item.executable, item.compile_time_s = _compile_step(
         workload, policy, accum, workload.batch)
@@ -1090,6 +1120,7 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
                   scan: bool | None = None,
                   max_batch: int = _DEFAULT_MAX_BATCH,
                   optimizer: optax.GradientTransformation | None = None,
+                  time_limit_s: float | None = None,
                   progress: bool = True) -> BatchSearch:
   """Per policy, the largest micro-batch whose compiled step fits ``budget``.
 
@@ -1114,6 +1145,9 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
     scan: built-in models only: scan the layers.
     max_batch: the largest size tried.
     optimizer: default ``optax.adamw(1e-3)``.
+    time_limit_s: start no further policy's search once this many seconds
+      have passed (the baseline's always runs); the rest are listed in
+      ``skipped``. Default: no limit.
     progress: print progress lines on stderr.
 
   Returns:
@@ -1137,6 +1171,7 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
   """
   budget_bytes = parse_bytes(budget)
   _check_positive_int("max_batch", max_batch)
+  deadline = _Deadline(time_limit_s)
   chosen = _resolve_policies(policies, DEFAULT_POLICIES)
   workload = _workload(model, args, batch=None, seq=seq, dtype=dtype,
                        scan=scan, optimizer=optimizer, seed=0,
@@ -1145,7 +1180,10 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
   tracker = _Progress(len(runnable), progress)
   fits: dict[str, BatchFit] = {}
   try:
-    for policy in runnable:
+    for i, policy in enumerate(runnable):
+      if i and deadline.expired():
+        skipped[policy.name] = deadline.reason
+        continue
       tracker.start(policy.name, "searching...")
       fits[policy.name] = _fit_policy(workload, policy, budget_bytes,
                                       max_batch, tracker)

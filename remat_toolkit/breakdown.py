@@ -89,7 +89,8 @@ def _tree_bytes(tree: Any, *, inexact_only: bool = False) -> int:
     if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
       leaf = np.asarray(leaf)
     dtype = np.dtype(leaf.dtype)
-    if inexact_only and not np.issubdtype(dtype, np.inexact):
+    # jnp.issubdtype knows bfloat16 and the float8 types are floating.
+    if inexact_only and not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
       continue
     total += int(np.prod(leaf.shape, dtype=np.int64)) * dtype.itemsize
   return total

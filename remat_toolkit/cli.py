@@ -499,6 +499,10 @@ def _add_bench_parser(subparsers: Any) -> None:
                            "SIZE (e.g. 2GiB); compiles only")
   parser.add_argument("--max-batch-cap", type=int, default=4096, metavar="N",
                       help="largest micro-batch tried (default: 4096)")
+  parser.add_argument("--time-limit", type=float, metavar="SECONDS",
+                      help="start no further policy after this long (the "
+                           "baseline always runs); the rest are reported as "
+                           "skipped")
   output = parser.add_mutually_exclusive_group()
   output.add_argument("--json", action="store_true",
                       help="print a JSON list, one object per record")
@@ -514,7 +518,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
   if policies and "all" in policies:
     policies = catalog.list_policies()
   common = dict(policies=policies, seq=args.seq, dtype=args.dtype,
-                scan=args.scan or None, progress=not args.quiet)
+                scan=args.scan or None, time_limit_s=args.time_limit,
+                progress=not args.quiet)
   if args.max_batch_under is not None:
     result = largest_batch(args.model, budget=args.max_batch_under,
                            max_batch=args.max_batch_cap, **common)
@@ -530,6 +535,172 @@ def _cmd_bench(args: argparse.Namespace) -> int:
   return 0
 
 
+# ---------------------------------------------------------------- plan
+
+def _group_sizes(text: str) -> list[int | str]:
+  sizes: list[int | str] = []
+  for part in (p.strip() for p in text.split(",")):
+    if part == "sqrt":
+      sizes.append(part)
+    elif part.isdigit() and int(part) > 0:
+      sizes.append(int(part))
+    else:
+      raise argparse.ArgumentTypeError(
+          f"expected group sizes separated by commas (positive integers or "
+          f"'sqrt'), e.g. 1,2,4,sqrt; got {text!r}")
+  return sizes
+
+
+def _add_plan_parser(subparsers: Any) -> None:
+  parser = _command_parser(
+      subparsers, "plan",
+      summary="Find the policy with the least recompute whose activations "
+              "fit a memory budget (every number measured on the model, "
+              "abstract shapes, nothing allocated).")
+  parser.add_argument("--budget", required=True, metavar="SIZE",
+                      help="device memory for the activations kept for the "
+                           "backward pass, e.g. 2GiB or 1500MB")
+  _add_model_options(parser)
+  parser.add_argument("--group-sizes", type=_group_sizes, metavar="G[,G...]",
+                      help="also weigh these remat group sizes (blocks per "
+                           "region, or sqrt), e.g. 1,2,4,sqrt; the budget then "
+                           "bounds kept activations plus one region's "
+                           "recompute workspace")
+  parser.add_argument("--allow-offload", action="store_true",
+                      help="also consider offloading tensors to host memory "
+                           "(needs jax_remat3 off)")
+  parser.add_argument("--host-budget", metavar="SIZE",
+                      help="host memory offloading may use (default: no limit)")
+  parser.add_argument("--host-bandwidth", type=float, metavar="BYTES_PER_S",
+                      help="device-host bandwidth used to cost offloading "
+                           "(default: 25e9)")
+  parser.add_argument("--max-evaluations", type=int, metavar="N",
+                      help="analyzer evaluations for repairing and proving "
+                           "the plan (default: 48)")
+  parser.add_argument("--save", metavar="PATH",
+                      help="write the plan as a TOML policy file (load it "
+                           "with --policies PATH or rt.load_policies)")
+  parser.add_argument("--json", action="store_true", help="print JSON")
+  parser.set_defaults(run=_cmd_plan)
+
+
+def _plan_groups(args: argparse.Namespace) -> dict[str, Any]:
+  if not args.group_sizes:
+    return {}
+  if ":" in args.model:
+    raise ValueError(
+        "--group-sizes needs a built-in --model config; for your own model "
+        "call remat_toolkit.plan(..., groups=...) from Python.")
+  from remat_toolkit import models
+  current = args.group or models.get_config(args.model).remat_group
+  sizes = [g for g in args.group_sizes if str(g) != str(current)]
+
+  def layout(group):
+    grouped = argparse.Namespace(**{**vars(args), "group": str(group)})
+    return _load_model(grouped)
+
+  return {"groups": layout, "group_sizes": sizes} if sizes else {}
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+  from remat_toolkit import planner
+  loss_fn, loss_args = _load_model(args)
+  options: dict[str, Any] = dict(allow_offload=args.allow_offload,
+                                 host_budget=args.host_budget)
+  if args.host_bandwidth is not None:
+    options["host_bandwidth"] = args.host_bandwidth
+  if args.max_evaluations is not None:
+    options["max_evaluations"] = args.max_evaluations
+  options.update(_plan_groups(args))
+  plan = planner.plan(loss_fn, *loss_args, budget=args.budget, **options)
+  if args.save:
+    path = plan.save(args.save)
+    print(f"wrote {path}: load it with `--policies {path}` or "
+          f"remat_toolkit.load_policies({str(path)!r})", file=sys.stderr)
+  if args.json:
+    print(plan.to_json(indent=2))
+  else:
+    print(_model_line(args))
+    print(plan)
+  return 0
+
+
+# ---------------------------------------------------------------- breakdown
+
+def _add_breakdown_parser(subparsers: Any) -> None:
+  from remat_toolkit.breakdown import OPTIMIZERS
+  parser = _command_parser(
+      subparsers, "breakdown",
+      summary="Where a training step's memory goes (parameters, gradients, "
+              "optimizer state, activations) and whether remat can help.")
+  _add_model_options(parser)
+  parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None,
+                      help="count this optimizer's state (default: none)")
+  parser.add_argument("--policy", default=None,
+                      help="policy for the activations (default: the ambient "
+                           "default, boundary-only)")
+  parser.add_argument("--compile", action="store_true",
+                      help="also compile jit(grad) for XLA's temporary bytes")
+  parser.add_argument("--json", action="store_true", help="print JSON")
+  parser.set_defaults(run=_cmd_breakdown)
+
+
+def _cmd_breakdown(args: argparse.Namespace) -> int:
+  from remat_toolkit.breakdown import memory_breakdown
+  loss_fn, loss_args = _load_model(args)
+  result = memory_breakdown(loss_fn, *loss_args, optimizer=args.optimizer,
+                            policy=args.policy, compile=args.compile)
+  if args.json:
+    print(result.to_json(indent=2))
+  else:
+    print(_model_line(args))
+    print(result)
+  return 0
+
+
+# ---------------------------------------------------------------- verify
+
+def _add_verify_parser(subparsers: Any) -> None:
+  parser = _command_parser(
+      subparsers, "verify",
+      summary="Check a policy on a model: gradients with remat equal "
+              "gradients without it, the policy is not a silent no-op, and no "
+              "effect or Python-side state repeats on recompute. Exit status "
+              "1 when a problem is found.")
+  parser.add_argument("--policy", default=None,
+                      help="policy name or .toml file (default: the ambient "
+                           "default, boundary-only)")
+  _add_model_options(parser, default="tiny")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of the random parameters and inputs "
+                           "(default: 0)")
+  parser.add_argument("--rtol", type=float, default=None,
+                      help="relative tolerance (default: by dtype, 1e-5 for "
+                           "float32, 1e-2 for bfloat16)")
+  parser.add_argument("--atol", type=float, default=None,
+                      help="absolute tolerance (default: 0)")
+  parser.add_argument("--no-values", action="store_true",
+                      help="skip the gradient check (residuals and effects "
+                           "only; nothing is compiled)")
+  parser.add_argument("--json", action="store_true", help="print JSON")
+  parser.set_defaults(run=_cmd_verify)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+  from remat_toolkit.verify import verify
+  policy = _resolve(args.policy)[0] if args.policy is not None else None
+  loss_fn, loss_args = _load_model(args)
+  result = verify(loss_fn, *loss_args, policy=policy, rtol=args.rtol,
+                  atol=args.atol, check_values=not args.no_values,
+                  seed=args.seed)
+  if args.json:
+    print(result.to_json(indent=2))
+  else:
+    print(_model_line(args))
+    print(result)
+  return 0 if result.passed else 1
+
+
 # ---------------------------------------------------------------- main
 
 #: One entry per command; each adds its subparser and binds ``run``.
@@ -539,6 +710,9 @@ _PARSER_BUILDERS: list[Callable[[Any], None]] = [
     _add_compare_parser,
     _add_analyze_parser,
     _add_bench_parser,
+    _add_plan_parser,
+    _add_breakdown_parser,
+    _add_verify_parser,
 ]
 
 

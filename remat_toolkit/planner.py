@@ -27,14 +27,14 @@ Example:
   >>> import remat_toolkit as rt
   >>> @rt.remat
   ... def block(w, x):
-  ...   h = rt.tag(x @ w, "ffn.up")
-  ...   return rt.tag(jnp.tanh(h), "ffn.act") @ w.T
+  ...   h = rt.tag(x @ w, "ffn.up")  # 2 KiB, a matmul to redo
+  ...   return rt.tag(jnp.tanh(h), "ffn.act") @ w.T  # 2 KiB, cheap to redo
   >>> loss = lambda w, x: block(w, x).sum()
   >>> args = (jax.ShapeDtypeStruct((16, 64), jnp.float32),
   ...         jax.ShapeDtypeStruct((8, 16), jnp.float32))
   >>> p = rt.plan(loss, *args, budget="2KiB")
   >>> p.policy.save, p.activation_bytes, p.recompute_flops
-  (('ffn.act',), 2048, 0)
+  (('ffn.up',), 2048, 0)
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from remat_toolkit.display import (format_bytes, format_flops, html_table,
                                    parse_bytes, text_table)
 from remat_toolkit.policy import Policy
 
-__all__ = ["plan", "Plan", "frontier", "Frontier", "FrontierPoint",
+__all__ = ["plan", "Plan", "Planner", "frontier", "Frontier", "FrontierPoint",
            "NamedFit", "GroupEstimate", "DEFAULT_HOST_BANDWIDTH",
            "DEFAULT_DEVICE_FLOPS", "DEFAULT_GROUP_SIZES"]
 
@@ -625,11 +625,44 @@ def _policy_toml(policy: Policy) -> str:
 
 # ==================================================================== planner
 
-class _Planner:
-  """Plans on one traced program; evaluations are shared between budgets."""
+class Planner:
+  """Plans on one traced model, for as many budgets as asked.
 
-  def __init__(self, program: TracedProgram, *, allow_offload: bool,
-               host_bandwidth: float, device_flops: float):
+  The trace, the named policies and the per-name measurements are shared
+  between budgets, so each further budget costs only its own search.
+  :func:`plan` and :func:`frontier` are built on it.
+
+  Args:
+    fn: returns a scalar loss; see :func:`plan`.
+    *args: arrays or ``jax.ShapeDtypeStruct`` pytrees.
+    allow_offload: also consider host offloading (needs ``jax_remat3`` off).
+    host_bandwidth: bytes/s each way between device and host.
+    device_flops: FLOP/s, to convert transfer time into FLOP-equivalents.
+
+  Raises:
+    ValueError: ``fn`` has no remat region that reads the ambient policy,
+      offloading under ``jax_remat3``, or a rate that is not positive.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> from remat_toolkit.planner import Planner
+    >>> @rt.remat
+    ... def block(w, x):
+    ...   return jnp.tanh(rt.tag(x @ w, "ffn.up")) @ w.T
+    >>> planner = Planner(lambda w, x: block(w, x).sum(),
+    ...                   jax.ShapeDtypeStruct((16, 64), jnp.float32),
+    ...                   jax.ShapeDtypeStruct((8, 16), jnp.float32))
+    >>> [planner.plan(b).recompute_flops for b in (0, "2KiB")]
+    [16384, 0]
+  """
+
+  def __init__(self, fn: Callable[..., Any], *args: Any,
+               allow_offload: bool = False,
+               host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
+               device_flops: float = DEFAULT_DEVICE_FLOPS):
+    _check_rates(allow_offload, host_bandwidth, device_flops)
+    program = TracedProgram(fn, args)
     if program.regions == 0:
       raise ValueError(
           "fn has no remat region that reads the ambient policy, so every "
@@ -637,29 +670,113 @@ class _Planner:
           "wrap its blocks with remat_toolkit.remat (policy left as None).")
     self.program = program
     self.allow_offload = allow_offload
-    self.evaluate = _Evaluator(program, device_flops / host_bandwidth)
-    self.names = tuple(sorted(program.names))
-    self.modes = tuple(m for m in _MODES
-                       if allow_offload or m not in _OFFLOAD_MODES)
-    self.named = self._catalogue()
-    self.whole = {m: self.evaluate(_Choice(mode=m)) for m in self.modes}
-    self.boundary_only = self.evaluate(_Choice())
-    everything = self.evaluate(_Choice(save=frozenset(self.names)))
-    # The most any region keeps: what recomputing one region materialises
-    # again, at most (under jax_remat3, save-everything still recomputes
-    # unnamed values, so the largest measured keep stands in for it).
-    self.everything = max([everything, *self.whole.values()],
-                          key=lambda o: o.device_bytes)
-    self.executions = _region_executions(program, self.everything)
+    self.host_bandwidth = float(host_bandwidth)
+    self.device_flops = float(device_flops)
+    self._evaluate = _Evaluator(program, self.device_flops / self.host_bandwidth)
+    self.names: tuple[str, ...] = tuple(sorted(program.names))
+    self._named = self._catalogue()
+    self._whole = {m: self._evaluate(_Choice(mode=m)) for m in _MODES
+                   if allow_offload or m not in _OFFLOAD_MODES}
+    self._boundary = self._evaluate(_Choice())
+    every_name = self._evaluate(_Choice(save=frozenset(self.names)))
+    # What recomputing a region can materialise again: the most any measured
+    # policy keeps (under jax_remat3 save-everything still recomputes
+    # unnamed values, so it is not always the largest).
+    self._everything = max([every_name, *self._whole.values()],
+                           key=lambda o: o.device_bytes)
+    self.region_executions = _region_executions(program, self._everything)
     self._model: _AdditiveModel | None = None
 
+  # ------------------------------------------------------------ facts
+  @property
+  def evaluations(self) -> int:
+    """Analyzer evaluations made so far."""
+    return self._evaluate.evaluations
+
+  @property
+  def boundary_only_bytes(self) -> int:
+    """Activations under ``boundary-only``."""
+    return self._boundary.device_bytes
+
+  @property
+  def save_everything_bytes(self) -> int:
+    """Activations under ``save-everything``."""
+    return self._whole["save-everything"].device_bytes
+
+  @property
+  def everything_bytes(self) -> int:
+    """The most activations any measured policy keeps."""
+    return self._everything.device_bytes
+
+  def workspace_bytes(self, kept: int) -> int:
+    """One region's internals, materialised again while it is recomputed,
+    when ``kept`` activation bytes are kept (a chain of identical regions)."""
+    return max(self.everything_bytes - kept, 0) // self.region_executions
+
+  def peak_limit(self, budget: int) -> int:
+    """The most kept bytes whose estimated peak fits ``budget`` (-1: none).
+
+    The peak ``kept + workspace_bytes(kept)`` never falls as ``kept`` grows,
+    so a bisection finds the limit.
+    """
+    lo, hi = -1, budget
+    while lo < hi:
+      mid = (lo + hi + 1) // 2
+      if mid + self.workspace_bytes(mid) <= budget:
+        lo = mid
+      else:
+        hi = mid - 1
+    return lo
+
+  # ------------------------------------------------------------ planning
+  def plan(self, budget: int | str, *, host_budget: int | str | None = None,
+           max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
+           peak: bool = False) -> Plan:
+    """The plan for one budget; see :func:`plan` for the arguments.
+
+    Args:
+      budget: device bytes for kept activations (int or ``"8GiB"``).
+      host_budget: host bytes offloading may use (default: unlimited).
+      max_evaluations: analyzer evaluations for this budget's search.
+      peak: bound the estimated peak (kept activations plus one region's
+        workspace) instead of the kept activations.
+    """
+    limit = parse_bytes(budget)
+    host = _check_search(self.allow_offload, host_budget, max_evaluations)
+    device = min(self.peak_limit(limit), limit) if peak else limit
+    limits = _Limits(device=device, host=math.inf if host is None else host)
+    best, complete = self._solve(limits, max_evaluations)
+    if best is None:
+      raise self._infeasible(limit, complete, peak)
+    choice = best.choice
+    policy = choice.policy(f"plan-{choice.digest()}",
+                           _describe(choice, limit, best))
+    workspace = self.workspace_bytes(best.device_bytes)
+    return Plan(
+        policy=policy, budget=limit, activation_bytes=best.device_bytes,
+        offloaded_bytes=best.host_bytes, recompute_flops=best.recompute_flops,
+        recompute_percent=best.report.recompute_percent, cost=best.cost,
+        decisions=_decisions(choice, self.names),
+        named=self._named_fits(limits), report=best.report,
+        optimal=complete, evaluations=self.evaluations,
+        smallest_bytes=self._smallest().device_bytes,
+        workspace_bytes=workspace, estimated_peak=best.device_bytes + workspace,
+        host_budget=host, host_bandwidth=self.host_bandwidth,
+        device_flops=self.device_flops)
+
+  def measure(self, policy: str | Policy) -> ResidualReport:
+    """The analyzer's report of a catalogue policy or :class:`Policy`
+    (cached with every other evaluation of this planner)."""
+    return self._evaluate(self._as_choice(catalog.get_policy(policy))).report
+
+  # ------------------------------------------------------------ internals
   def _catalogue(self) -> dict[str, _Outcome]:
     out = {}
     for name in catalog.list_policies():
       policy = catalog.get_policy(name)
       if policy.offloads and not self.allow_offload:
         continue
-      out[policy.name] = self.evaluate(self._as_choice(policy))
+      out[policy.name] = self._evaluate(self._as_choice(policy))
     return out
 
   def _as_choice(self, policy: Policy) -> _Choice:
@@ -673,39 +790,16 @@ class _Planner:
     present = frozenset(self.names)
     return _Choice(save=saved & present, offload=offloaded & present)
 
-  def workspace(self, o: _Outcome) -> int:
-    """One region's internals: what recomputing it materialises again."""
-    return self._workspace(o.device_bytes)
-
-  def _workspace(self, kept: int) -> int:
-    return max(self.everything.device_bytes - kept, 0) // self.executions
-
-  def peak_limit(self, budget: int) -> int:
-    """The most kept bytes whose estimated peak fits ``budget`` (-1: none).
-
-    The peak ``kept + workspace(kept)`` never falls as ``kept`` grows, so a
-    bisection finds the limit.
-    """
-    lo, hi = -1, budget  # peak(lo) fits (or lo is -1); find the last that does
-    while lo < hi:
-      mid = (lo + hi + 1) // 2
-      if mid + self._workspace(mid) <= budget:
-        lo = mid
-      else:
-        hi = mid - 1
-    return lo
-
-  def model(self) -> _AdditiveModel:
-    """The additive model, measuring each name alone on first use."""
+  def _additive_model(self) -> _AdditiveModel:
     if self._model is None:
-      singles = {n: self.evaluate(_Choice(save=frozenset({n})))
+      singles = {n: self._evaluate(_Choice(save=frozenset({n})))
                  for n in self.names}
-      self._model = _AdditiveModel(self.boundary_only, singles,
-                                   self.evaluate.transfer, self.allow_offload)
+      self._model = _AdditiveModel(self._boundary, singles,
+                                   self._evaluate.transfer, self.allow_offload)
     return self._model
 
-  def solve(self, limits: _Limits, max_evaluations: int
-            ) -> tuple[_Outcome | None, bool]:
+  def _solve(self, limits: _Limits, max_evaluations: int
+             ) -> tuple[_Outcome | None, bool]:
     """The least-cost fitting outcome, and whether the search proved it.
 
     The additive model's predictions are measured cheapest first until the
@@ -714,38 +808,52 @@ class _Planner:
     bound then proves the result over real evaluations, or improves it, with
     at most ``max_evaluations`` analyzer evaluations for both stages.
     """
-    model = self.model()
-    search = _Search(self.evaluate, self.names, limits, self.allow_offload)
+    model = self._additive_model()
+    search = _Search(self._evaluate, self.names, limits, self.allow_offload)
     # Whatever already fits (named policies, whole alternatives) competes.
-    for o in list(self.evaluate.outcomes()):
+    for o in list(self._evaluate.outcomes()):
       search.offer(o)
-    self.evaluate.limit = self.evaluate.evaluations + max_evaluations
+    self._evaluate.limit = self._evaluate.evaluations + max_evaluations
     try:
       for predicted, choice in model.ranked(limits, _MODEL_CANDIDATES):
         if search.best is not None and predicted >= search.best.cost:
           break
-        search.offer(self.evaluate(choice))
+        search.offer(self._evaluate(choice))
       search.run()
     except _OutOfEvaluations:
       search.complete = False
     finally:
-      self.evaluate.limit = None
+      self._evaluate.limit = None
     best = search.best
     if best is not None and not best.choice.mode:
-      best = _drop_useless(self.evaluate, best, limits)
+      best = _drop_useless(self._evaluate, best, limits)
     return best, search.complete
 
-  def smallest(self) -> _Outcome:
-    return min(self.evaluate.outcomes(),
+  def _smallest(self) -> _Outcome:
+    return min(self._evaluate.outcomes(),
                key=lambda o: (o.device_bytes, o.cost))
 
-  def named_fits(self, limits: _Limits) -> tuple[NamedFit, ...]:
+  def _named_fits(self, limits: _Limits) -> tuple[NamedFit, ...]:
     return tuple(NamedFit(name=n, activation_bytes=o.device_bytes,
                           offloaded_bytes=o.host_bytes,
                           recompute_flops=o.recompute_flops,
                           recompute_percent=o.report.recompute_percent,
                           cost=o.cost, fits=limits.fit(o))
-                 for n, o in self.named.items())
+                 for n, o in self._named.items())
+
+  def _infeasible(self, budget: int, complete: bool, peak: bool) -> ValueError:
+    small = self._smallest()
+    label = small.choice.mode or _choice_label(small.choice) or "boundary-only"
+    why = "" if complete else (
+        " (the search stopped at its evaluation limit; raise max_evaluations)")
+    what = "peak budget" if peak else "activation budget"
+    return ValueError(
+        f"No policy fits the {what} of {format_bytes(budget)} ({budget} "
+        f"bytes){why}: the least activation memory measured is "
+        f"{format_bytes(small.device_bytes)} ({small.device_bytes} bytes, "
+        f"{label}). Raise the budget to at least that, use a smaller "
+        "micro-batch, larger remat groups, or (jax_remat3 off) "
+        "allow_offload=True.")
 
 
 def _region_executions(program: TracedProgram, everything: _Outcome) -> int:
@@ -776,23 +884,6 @@ def _describe(choice: _Choice, budget: int, o: _Outcome) -> str:
           f"({o.report.recompute_percent:.1f}% of a no-remat step).")
 
 
-def _infeasible(budget: int, planner: _Planner, complete: bool,
-                limit_label: str) -> ValueError:
-  small = planner.smallest()
-  name = small.choice.mode or (
-      "boundary-only" if small.choice == _Choice() else
-      _choice_label(small.choice))
-  why = "" if complete else (
-      " (the search stopped at its evaluation limit; raise max_evaluations)")
-  return ValueError(
-      f"No policy fits the {limit_label} of {format_bytes(budget)} "
-      f"({budget} bytes){why}: the least activation memory measured is "
-      f"{format_bytes(small.device_bytes)} ({small.device_bytes} bytes, "
-      f"{name}). Raise the budget to at least that, use a smaller "
-      "micro-batch, larger remat groups, or (jax_remat3 off) "
-      "allow_offload=True.")
-
-
 def _choice_label(choice: _Choice) -> str:
   parts = []
   if choice.save:
@@ -802,8 +893,8 @@ def _choice_label(choice: _Choice) -> str:
   return "; ".join(parts)
 
 
-def _check_options(allow_offload: bool, host_budget: Any, host_bandwidth: Any,
-                   device_flops: Any, max_evaluations: Any) -> int | None:
+def _check_rates(allow_offload: Any, host_bandwidth: Any,
+                 device_flops: Any) -> None:
   if not isinstance(allow_offload, bool):
     raise TypeError(f"allow_offload must be True or False, got {allow_offload!r}.")
   if allow_offload and internals.remat3_enabled():
@@ -811,48 +902,25 @@ def _check_options(allow_offload: bool, host_budget: Any, host_bandwidth: Any,
         "allow_offload=True needs jax_remat3 off: remat3 ignores offloading "
         "policies and would silently recompute everything. Call "
         "jax.config.update('jax_remat3', False) or plan without offloading.")
-  if host_budget is not None and not allow_offload:
-    raise ValueError(
-        f"host_budget={host_budget!r} only matters with allow_offload=True; "
-        "pass allow_offload=True or drop host_budget.")
   for label, value in (("host_bandwidth", host_bandwidth),
                        ("device_flops", device_flops)):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
         0 < value < math.inf):
       raise ValueError(f"{label} must be a positive number, got {value!r}.")
-  if (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int)
-      or max_evaluations < 1):
+
+
+def _check_search(allow_offload: bool, host_budget: Any,
+                  max_evaluations: Any) -> int | None:
+  if host_budget is not None and not allow_offload:
     raise ValueError(
-        f"max_evaluations must be a positive integer, got {max_evaluations!r}.")
+        f"host_budget={host_budget!r} only matters with allow_offload=True; "
+        "pass allow_offload=True or drop host_budget.")
+  if (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int)
+      or max_evaluations < 0):
+    raise ValueError(
+        f"max_evaluations must be a non-negative integer, got "
+        f"{max_evaluations!r}.")
   return None if host_budget is None else parse_bytes(host_budget)
-
-
-def _plan_on(planner: _Planner, budget: int, *, host_budget: int | None,
-             host_bandwidth: float, device_flops: float, max_evaluations: int,
-             peak: bool, group: Any = None) -> Plan:
-  """Plans on one program; ``peak`` budgets kept + workspace instead of kept."""
-  device = planner.peak_limit(budget) if peak else budget
-  limits = _Limits(device=min(device, budget),
-                   host=math.inf if host_budget is None else host_budget)
-  best, complete = planner.solve(limits, max_evaluations)
-  if best is None:
-    raise _infeasible(budget, planner, complete,
-                      "peak budget" if peak else "activation budget")
-  choice = best.choice
-  name = f"plan-{choice.digest()}"
-  policy = choice.policy(name, _describe(choice, budget, best))
-  workspace = planner.workspace(best)
-  return Plan(
-      policy=policy, budget=budget, activation_bytes=best.device_bytes,
-      offloaded_bytes=best.host_bytes, recompute_flops=best.recompute_flops,
-      recompute_percent=best.report.recompute_percent, cost=best.cost,
-      decisions=_decisions(choice, planner.names),
-      named=planner.named_fits(limits), report=best.report,
-      optimal=complete, evaluations=planner.evaluate.evaluations,
-      smallest_bytes=planner.smallest().device_bytes,
-      workspace_bytes=workspace, estimated_peak=best.device_bytes + workspace,
-      group=group, host_budget=host_budget, host_bandwidth=host_bandwidth,
-      device_flops=device_flops)
 
 
 GroupsLike = (Mapping[Any, tuple[Callable[..., Any], Sequence[Any]]]
@@ -860,7 +928,7 @@ GroupsLike = (Mapping[Any, tuple[Callable[..., Any], Sequence[Any]]]
 
 
 def _layouts(groups: Any, sizes: Sequence[Any] | None
-             ) -> list[tuple[Any, Callable[[], tuple[Callable, Sequence]]]]:
+             ) -> list[tuple[Any, Callable[[], Any]]]:
   if isinstance(groups, Mapping):
     if sizes is not None:
       raise ValueError("group_sizes only applies when groups is a callable; "
@@ -876,7 +944,7 @@ def _layouts(groups: Any, sizes: Sequence[Any] | None
       f"group size -> (fn, args), got {groups!r}.")
 
 
-def _unpack_layout(group: Any, value: Any) -> tuple[Callable, tuple]:
+def _unpack_layout(group: Any, value: Any) -> tuple[Callable[..., Any], tuple]:
   if (not isinstance(value, (tuple, list)) or len(value) != 2
       or not callable(value[0]) or not isinstance(value[1], (tuple, list))):
     raise TypeError(
@@ -916,8 +984,9 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     group_sizes: the sizes passed to a callable ``groups`` (default
       :data:`DEFAULT_GROUP_SIZES`); a size the callable rejects with
       ``ValueError`` is reported and skipped.
-    max_evaluations: analyzer evaluations the search may take; past it the
-      best plan found is returned with ``optimal=False``.
+    max_evaluations: analyzer evaluations the repair and proof may take
+      (the named policies and one measurement per name come on top); past
+      it the best plan measured is returned with ``optimal=False``.
 
   Returns:
     A :class:`Plan`.
@@ -929,57 +998,48 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     TypeError: malformed ``groups``.
   """
   limit = parse_bytes(budget)
-  host = _check_options(allow_offload, host_budget, host_bandwidth,
-                        device_flops, max_evaluations)
-  options = dict(host_budget=host, host_bandwidth=float(host_bandwidth),
-                 device_flops=float(device_flops),
-                 max_evaluations=max_evaluations)
-
-  def planner_for(f, a):
-    return _Planner(TracedProgram(f, a), allow_offload=allow_offload,
-                    host_bandwidth=float(host_bandwidth),
-                    device_flops=float(device_flops))
-
+  _check_rates(allow_offload, host_bandwidth, device_flops)
+  _check_search(allow_offload, host_budget, max_evaluations)
+  rates = dict(allow_offload=allow_offload, host_bandwidth=host_bandwidth,
+               device_flops=device_flops)
+  search = dict(host_budget=host_budget, max_evaluations=max_evaluations)
   if groups is None:
-    return _plan_on(planner_for(fn, args), limit, peak=False, **options)
+    return Planner(fn, *args, **rates).plan(limit, **search)
   layouts = [(None, lambda: (fn, args))] + _layouts(groups, group_sizes)
-  return _plan_groups(layouts, limit, planner_for, options)
+  return _plan_groups(layouts, limit, rates, search)
 
 
-def _plan_groups(layouts, limit: int, planner_for, options) -> Plan:
+def _plan_groups(layouts, limit: int, rates: dict, search: dict) -> Plan:
   plans: list[Plan] = []
   estimates: list[GroupEstimate] = []
-  smallest: int | None = None
   for group, build in layouts:
     try:
       fn, args = _unpack_layout(group, build())
-      planner = planner_for(fn, args)
+      planner = Planner(fn, *args, **rates)
     except ValueError as e:
       estimates.append(GroupEstimate(group, 0, 0, 0, 0, 0, 0, 0, "", False,
                                      f"skipped: {e}"))
       continue
-    boundary = planner.boundary_only
+    facts = (group, planner.region_executions, planner.boundary_only_bytes,
+             planner.everything_bytes)
     try:
-      p = _plan_on(planner, limit, peak=True, group=group, **options)
+      p = planner.plan(limit, peak=True, **search)
     except ValueError:
-      peak = boundary.device_bytes + planner.workspace(boundary)
-      smallest = peak if smallest is None else min(smallest, peak)
+      kept = planner.boundary_only_bytes
+      workspace = planner.workspace_bytes(kept)
       estimates.append(GroupEstimate(
-          group, planner.executions, boundary.device_bytes,
-          planner.everything.device_bytes, planner.workspace(boundary), boundary.device_bytes, peak,
-          boundary.recompute_flops, "", False, "nothing fits"))
+          *facts, workspace, kept, kept + workspace,
+          planner.measure("boundary-only").recompute_flops, "", False,
+          "nothing fits"))
       continue
-    plans.append(p)
-    smallest = p.estimated_peak if smallest is None else min(smallest, p.estimated_peak)
+    plans.append(dataclasses.replace(p, group=group))
     estimates.append(GroupEstimate(
-        group, planner.executions, boundary.device_bytes,
-        planner.everything.device_bytes, p.workspace_bytes,
-        p.activation_bytes, p.estimated_peak, p.recompute_flops,
-        p.policy.name, True))
+        *facts, p.workspace_bytes, p.activation_bytes, p.estimated_peak,
+        p.recompute_flops, p.policy.name, True))
   if not plans:
-    least = "" if smallest is None else (
-        f"; the smallest estimated peak of any layout is "
-        f"{format_bytes(smallest)} ({smallest} bytes)")
+    peaks = [e.estimated_peak for e in estimates if e.estimated_peak]
+    least = (f"; the smallest estimated peak of any layout is "
+             f"{format_bytes(min(peaks))} ({min(peaks)} bytes)") if peaks else ""
     raise ValueError(
         f"No group size fits the peak budget of {format_bytes(limit)} "
         f"({limit} bytes){least}. Raise the budget or use a smaller "
@@ -1132,10 +1192,7 @@ def frontier(fn: Callable[..., Any], *args: Any,
   Returns:
     A :class:`Frontier`.
   """
-  program = TracedProgram(fn, args)
-  planner = _Planner(program, allow_offload=False,
-                     host_bandwidth=DEFAULT_HOST_BANDWIDTH,
-                     device_flops=DEFAULT_DEVICE_FLOPS)
+  planner = Planner(fn, *args)
   named = _frontier_named(planner, policies)
   plans = _frontier_plans(planner, budgets, max_evaluations)
   items = named + plans
@@ -1146,19 +1203,20 @@ def frontier(fn: Callable[..., Any], *args: Any,
   return Frontier(points=tuple(points))
 
 
-def _point(label: str, source: str, policy: Policy, o: _Outcome,
+def _point(label: str, source: str, policy: Policy, report: ResidualReport,
            budget: int | None) -> FrontierPoint:
   return FrontierPoint(label=label, source=source, policy=policy,
-                       activation_bytes=o.device_bytes,
-                       offloaded_bytes=o.host_bytes,
-                       recompute_flops=o.recompute_flops,
-                       recompute_percent=o.report.recompute_percent,
+                       activation_bytes=report.activation_bytes,
+                       offloaded_bytes=report.offloaded_bytes,
+                       recompute_flops=report.recompute_flops,
+                       recompute_percent=report.recompute_percent,
                        budget=budget, on_frontier=False)
 
 
-def _frontier_named(planner: _Planner, policies) -> list[FrontierPoint]:
+def _frontier_named(planner: Planner, policies) -> list[FrontierPoint]:
   if policies is None:
-    chosen = [catalog.get_policy(n) for n in planner.named]
+    chosen = [catalog.get_policy(n) for n in catalog.list_policies()]
+    chosen = [p for p in chosen if not p.offloads]
   else:
     if isinstance(policies, (str, Policy)):
       raise TypeError(f"policies must be a list of names, got {policies!r}; "
@@ -1170,38 +1228,35 @@ def _frontier_named(planner: _Planner, policies) -> list[FrontierPoint]:
       raise ValueError(
           f"Policy {policy.name!r} offloads, which jax_remat3 does not "
           "support; turn jax_remat3 off or leave it out of policies.")
-    o = planner.evaluate(planner._as_choice(policy))
-    out.append(_point(policy.name, "named", policy, o, None))
+    out.append(_point(policy.name, "named", policy, planner.measure(policy),
+                      None))
   return out
 
 
-def _frontier_budgets(planner: _Planner, budgets) -> list[int]:
+def _frontier_budgets(planner: Planner, budgets) -> list[int]:
   if budgets is None or (isinstance(budgets, int) and not isinstance(budgets, bool)):
     count = 8 if budgets is None else budgets
     if count < 1:
       raise ValueError(f"budgets must be a positive count or a list of sizes, "
                        f"got {budgets!r}.")
-    lo = planner.boundary_only.device_bytes
-    hi = planner.whole["save-everything"].device_bytes
+    lo, hi = planner.boundary_only_bytes, planner.save_everything_bytes
     if count == 1:
       return [hi]
-    return sorted({round(lo + (hi - lo) * i / (count - 1)) for i in range(count)})
+    return sorted({lo + (hi - lo) * i // (count - 1) for i in range(count)})
   if isinstance(budgets, (str, bytes)):
     raise TypeError(f"budgets must be a list of sizes or a count, got "
                     f"{budgets!r}; write budgets=[{budgets!r}].")
   return [parse_bytes(b) for b in budgets]
 
 
-def _frontier_plans(planner: _Planner, budgets, max_evaluations: int
+def _frontier_plans(planner: Planner, budgets, max_evaluations: int
                     ) -> list[FrontierPoint]:
   out: list[FrontierPoint] = []
   for budget in _frontier_budgets(planner, budgets):
-    limits = _Limits(device=budget, host=math.inf)
-    best, _ = planner.solve(limits, max_evaluations)
-    if best is None:
+    try:
+      p = planner.plan(budget, max_evaluations=max_evaluations)
+    except ValueError:  # nothing fits this budget: no point to draw
       continue
-    policy = best.choice.policy(f"plan-{best.choice.digest()}",
-                                _describe(best.choice, budget, best))
-    out.append(_point(f"plan@{format_bytes(budget)}", "plan", policy, best,
-                      budget))
+    out.append(_point(f"plan@{format_bytes(budget)}", "plan", p.policy,
+                      p.report, budget))
   return out

@@ -56,13 +56,14 @@ def shard_nbytes(shape: Sequence[int], dtype: Any, sharding: Any) -> int:
 
 
 def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
-                                step: tuple[Any, int]) -> tuple[int, int | None]:
+                                step: internals.TracedStep
+                                ) -> tuple[int, int | None]:
   """``(devices, bytes)``: device activation bytes held by one device.
 
   Args:
     residuals: the report's residuals, in :func:`residual_origins` order.
     leaves: the abstract arguments (with their shardings).
-    step: ``(step_jaxpr, num_residuals)`` of the traced training step.
+    step: the traced training step the residuals were read from.
 
   Returns:
     ``(1, None)`` when no argument is sharded over several devices; else
@@ -72,8 +73,8 @@ def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
   devices = device_count(leaves)
   if devices <= 1:
     return 1, None
-  jaxpr, num_res = step
-  variables = internals.residual_vars(jaxpr, 1, num_res)
+  jaxpr = step.jaxpr
+  variables = internals.residual_vars(jaxpr, 1, step.num_residuals)
   if len(variables) != len(residuals):
     raise RuntimeError(  # an internal inconsistency, not a user mistake
         f"residual_vars found {len(variables)} residuals where the analyzer "

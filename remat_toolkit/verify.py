@@ -137,7 +137,7 @@ class Verification:
   def summary_lines(self) -> list[str]:
     lines = [f"verify {self.policy}: {'PASSED' if self.passed else 'PROBLEMS FOUND'}"]
     if self.ok is None:
-      lines.append(f"  gradients: not checked ({self.inputs})")
+      lines.append("  gradients: not checked")
     else:
       lines.append(
           f"  gradients: {'equal' if self.ok else 'DIFFERENT'}; max abs diff "
@@ -350,9 +350,25 @@ def _no_op(program: analysis.TracedProgram, policy: Policy | _RawPolicy,
   if kept == _residual_signature(program.residuals(catalog.get_policy(_NOTHING))):
     return _NOTHING
   if kept == _residual_signature(
-      program.residuals(catalog.get_policy(_EVERYTHING))):
+      program.residuals(catalog.get_policy(_EVERYTHING))) and _leaves_out(
+          policy, frozenset().union(*program._region_names)):
     return _EVERYTHING
   return None
+
+
+def _leaves_out(policy: Policy | _RawPolicy, present: frozenset[str]) -> bool:
+  """Whether the policy means to leave out something the regions contain.
+
+  Keeping what save-everything keeps is the policy's job when it selects
+  every checkpoint name present (remat3's everything_saveable keeps only
+  named values); it is a no-op when the policy excludes something.
+  """
+  if isinstance(policy, _RawPolicy):
+    saveable = getattr(policy.jax_policy, "saveable_names", None)
+    return saveable is None or not present <= frozenset(saveable)
+  if policy.matmuls != "none":
+    return True
+  return any(not policy.matches(name) for name in present)
 
 
 def _effect_warnings(program: analysis.TracedProgram) -> list[str]:

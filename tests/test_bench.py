@@ -5,6 +5,7 @@ figures relate, never how fast anything is.
 """
 
 import contextlib
+import importlib
 import io
 import json
 import math
@@ -20,6 +21,9 @@ from remat_toolkit import cli
 from remat_toolkit.bench import _search
 from remat_toolkit.bench import make_train_step
 from remat_toolkit.bench import step_memory
+
+# ``rt.bench`` is the function; the module is reached through importlib.
+bench_module = importlib.import_module("remat_toolkit.bench")
 
 LAYERS, WIDTH = 4, 16
 RECORD_FIELDS = {"policy", "step_time_s", "tokens_per_s", "peak_bytes",
@@ -331,3 +335,28 @@ def test_cli_bench_bad_input_exits_2_with_one_line(argv, message):
   status, out, err = _run_cli(["bench", "--quiet", *argv])
   assert status == 2 and out == ""
   assert message in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- options
+
+def test_a_jitted_loss_still_takes_each_policy():
+  # jit caches its trace by function, ambient policy not included: bench
+  # unwraps it so that each policy is traced anew.
+  args = make_args(abstract=True)
+  jitted = jax.jit(scanned_loss)
+  saved = step_memory(jitted, *args, policy="save-everything")
+  remat = step_memory(jitted, *args, policy="boundary-only")
+  assert remat["temp_bytes"] < saved["temp_bytes"]
+
+
+def test_time_limit_keeps_the_baseline_and_lists_the_rest(monkeypatch):
+  # As if every compile took longer than the limit.
+  monkeypatch.setattr(bench_module._Deadline, "expired", lambda self: True)
+  params, batch = make_args()
+  res = rt.bench((scanned_loss, (params, batch)), policies=["boundary-only"],
+                 steps=1, warmup=0, time_limit_s=50, progress=False)
+  assert [r.policy for r in res.records] == ["save-everything"]
+  assert "time limit" in res.skipped["boundary-only"]
+  assert "skipped boundary-only" in str(res)
+  with pytest.raises(ValueError, match="time_limit_s"):
+    rt.bench(scanned_loss, params, batch, time_limit_s=0, progress=False)

@@ -632,7 +632,7 @@ def test_nnx_scan_layers_rejects_bad_input():
 # outputs (ys) that get a zero cotangent; jax 0.10.2's remat3 fails on those,
 # for a hand-written nn.scan(nn.remat(nn.scan(...))) as well. Minimal case:
 # jax.grad(lambda w: jax.checkpoint(lambda w: jax.lax.scan(
-#     lambda c, w: (c * w, w), 1.0, w))(w)[0])(jnp.ones(2)) under jax_remat3.
+#     lambda c, w: (c * w, c * w), 1.0, w))(w)[0])(jnp.ones(2)) under jax_remat3.
 REMAT3_SCAN_YS_BUG = pytest.mark.xfail(
     strict=True, raises=ValueError,
     reason="jax_remat3 (jax 0.10.2): grad of jax.checkpoint(lax.scan) with "

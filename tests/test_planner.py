@@ -414,3 +414,36 @@ def test_frontier_plot_and_given_policies():
   assert ax.get_xlabel().startswith("activation memory")
   with pytest.raises(TypeError, match="list"):
     rt.frontier(loss, *ARGS, policies="boundary-only")
+
+
+# ------------------------------------------------------------------ CLI
+
+def test_cli_plan_json_save_and_errors(tmp_path, capsys, fresh_catalogue):
+  from remat_toolkit import cli, models
+  path = tmp_path / "p.toml"
+  assert cli.main(["plan", "--model", "tiny", "--budget", "60KiB", "--json",
+                   "--max-evaluations", "8", "--save", str(path)]) == 0
+  captured = capsys.readouterr()
+  data = json.loads(captured.out)
+  assert "wrote" in captured.err
+  fn, args = models.build_loss("tiny")
+  direct = rt.plan(fn, *args, budget="60KiB", max_evaluations=8)
+  assert data["policy"]["save"] == list(direct.policy.save)
+  assert data["activation_bytes"] == direct.activation_bytes <= 60 * 1024
+  assert rt.load_policies(path) == [direct.policy]
+  # Below the least any policy keeps: one line on stderr, status 2.
+  assert cli.main(["plan", "--model", "tiny", "--budget", "1KiB"]) == 2
+  err = capsys.readouterr().err
+  assert "least activation memory measured" in err and "Traceback" not in err
+  assert cli.main(["plan", "--model", "tiny", "--budget", "lots"]) == 2
+  assert "not a memory size" in capsys.readouterr().err
+
+
+def test_cli_plan_text_and_group_sizes(capsys):
+  from remat_toolkit import cli
+  assert cli.main(["plan", "--model", "tiny", "--budget", "400KiB",
+                   "--max-evaluations", "4", "--group-sizes", "1,2"]) == 0
+  text = capsys.readouterr().out
+  assert "group sizes" in text and "best named policy" in text
+  assert cli.main(["plan", "--model", "tiny", "--budget", "1MiB",
+                   "--group-sizes", "0"]) == 2

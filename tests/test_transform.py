@@ -131,6 +131,16 @@ X = jax.random.normal(jax.random.key(1), (2, 4, D))
 DROPOUT_KEY = jax.random.key(7, impl="rbg")
 
 
+def cheap_init(key, shape, dtype=jnp.float32):
+  """Deterministic weights from NumPy: JAX's initialisers would compile
+  dozens of random-number operations per remat mode."""
+  if isinstance(key, jax.core.Tracer):  # flax checks shapes abstractly
+    return jnp.zeros(shape, dtype)
+  seed = int(np.asarray(jax.random.key_data(key)).sum()) % 2**31
+  values = np.random.RandomState(seed).normal(size=shape) / np.sqrt(shape[0])
+  return jnp.asarray(values, dtype)
+
+
 # ---------------------------------------------------------------- linen
 
 class LinenBlock(nn.Module):
@@ -141,7 +151,7 @@ class LinenBlock(nn.Module):
     def layer(name, h):
       if name.startswith("ln"):
         return nn.LayerNorm(name=name)(h)
-      return nn.Dense(SIZES[name], name=name)(h)
+      return nn.Dense(SIZES[name], kernel_init=cheap_init, name=name)(h)
     drop = nn.Dropout(self.rate, deterministic=not train)
     return block_math(x, layer, drop)
 
@@ -156,9 +166,25 @@ class LinenStack(nn.Module):
     return x
 
 
+def numpy_variables(shapes):
+  """Concrete values for abstract variables, made by NumPy, not JAX."""
+  rng = np.random.RandomState(0)
+
+  def fill(path, leaf):
+    if jax.tree_util.keystr(path[-1:]) == "['scale']":
+      return jnp.ones(leaf.shape, leaf.dtype)
+    values = rng.normal(size=leaf.shape) / np.sqrt(leaf.shape[0])
+    return jnp.asarray(values, leaf.dtype)
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+LINEN_VARIABLES = numpy_variables(jax.eval_shape(
+    lambda: LinenStack().init(jax.random.key(0), X, False)))
+
+
 def linen_losses(model, train=False):
   """The loss of ``model`` (dropout on if ``train``) and its variables."""
-  variables = LinenStack().init(jax.random.key(0), X, False)
+  variables = LINEN_VARIABLES
 
   def loss(params):
     y = model.apply(params, X, train, rngs={"dropout": DROPOUT_KEY})
@@ -244,7 +270,7 @@ class NNXBlock(nnx.Module):
     self.layers = nnx.Dict({
         name: nnx.LayerNorm(D, rngs=rngs) if name.startswith("ln")
         else nnx.Linear(D if name != "down" else 2 * D, SIZES[name],
-                        rngs=rngs)
+                        kernel_init=cheap_init, rngs=rngs)
         for name in ("ln1", "q", "k", "v", "o", "ln2", "up", "down")})
     self.drop = nnx.Dropout(rate, rngs=rngs)
 
@@ -450,7 +476,7 @@ def test_static_argnums_count_call_arguments_not_self(remat_mode):
 
 def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
   marker = cp.save_only_these_names("__analyzer_marker__")
-  variables = LinenStack().init(jax.random.key(0), X, False)
+  variables = LINEN_VARIABLES
   linen_model = LinenStack(rt.remat(LinenBlock))
   nnx_loss, params, rest = nnx_losses(nnx_method_block(rt.remat), train=True)
   programs = [
@@ -471,7 +497,7 @@ def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
 
 def test_replayed_region_keeps_module_paths(remat_mode):
   model = LinenStack(rt.remat(LinenBlock, "save-ffn"))
-  variables = LinenStack().init(jax.random.key(0), X, False)
+  variables = LINEN_VARIABLES
   jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X, False))(variables).jaxpr
   bodies = [internals.remat_body_of(e) for e in jaxpr.eqns
             if internals.is_remat(e)]
