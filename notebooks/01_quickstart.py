@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -92,9 +92,10 @@ def make_loss(model):
 
 
 model = Model()
-batch = {"x": jax.random.normal(jax.random.key(1), (8, 32, 64)),
-         "y": jax.random.normal(jax.random.key(2), (8, 32, 1))}
-params = model.init(jax.random.key(0), batch["x"])["params"]
+rng = np.random.default_rng(0)
+batch = {"x": rng.standard_normal((8, 32, 64), dtype=np.float32),
+         "y": rng.standard_normal((8, 32, 1), dtype=np.float32)}
+params = jax.jit(model.init)(jax.random.key(0), batch["x"])["params"]
 loss = make_loss(model)
 print(jax.tree_util.tree_map(jnp.shape, params))
 
@@ -172,12 +173,12 @@ for name in ("boundary-only", "save-ffn", "save-everything"):
 # %% [markdown]
 # ## A training step gives the same result
 #
-# Remat changes what is stored, not what is computed: one AdamW step with the
-# remat model must match the same step with the plain `Block`, from the same
-# parameters. The policy is read when `jax.jit` *traces*, and a jitted function
-# keeps the program of its first trace for arguments of the same shapes, so
-# each policy gets its own freshly jitted step, built and first called inside
-# its `use_policy` block.
+# Remat changes what is stored and what is recomputed, not the result: one
+# AdamW step with the remat model must match the same step with the plain
+# `Block`, from the same parameters. The policy is read when `jax.jit`
+# *traces*, and a jitted function keeps the program of its first trace for
+# arguments of the same shapes, so each policy gets its own freshly jitted step,
+# built and first called inside its `use_policy` block.
 #
 # Equal results alone would not show that remat did anything (a region that
 # keeps everything also passes); the reports above show what each policy keeps.

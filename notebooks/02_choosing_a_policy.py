@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -108,8 +108,8 @@ for _, group in points:
 # that keep everything on device. Each point is a policy: to the right means
 # more recompute, up means more memory kept. Red points are Pareto-optimal and
 # the red line joins them; for a grey point, some red point is no higher and no
-# further right. The vertical axis is logarithmic because `save-everything` keeps far
-# more than the rest (`comparison.plot()` returns the matplotlib axes, to adjust
+# further right. The vertical axis is logarithmic so that policies far apart in
+# memory stay readable (`comparison.plot()` returns the matplotlib axes, to adjust
 # like any other).
 
 # %%

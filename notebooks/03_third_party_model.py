@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -88,8 +88,9 @@ class Encoder(nn.Module):
 model = Encoder()
 remat_model = rt.remat_modules(model, {"Block_*": None}, tag_outputs=True)
 
-x = jax.random.normal(jax.random.key(1), (4, 32, 16))
-labels = jax.random.randint(jax.random.key(2), (4,), 0, 10)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((4, 32, 16), dtype=np.float32)
+labels = rng.integers(0, 10, size=(4,), dtype=np.int32)
 batch = {"x": x, "labels": labels}
 params = jax.jit(model.init)(jax.random.key(0), x)["params"]
 # The wrapped model's variables, from shapes only (nothing is computed).
@@ -132,10 +133,10 @@ comparison
 # relative to its block. Grouping the kept bytes by the first part of the name
 # shows the choice each policy makes: `save-attention` keeps the outputs of the
 # `attn` submodules (the query, key and value projections and the attention
-# output), `save-ffn` keeps those of `mlp`, and `boundary-only` keeps neither,
-# only the blocks' inputs and what lies outside the blocks. Unnamed residuals
-# (`untagged`) are values that no submodule returned, such as the residual
-# additions.
+# output), `save-ffn` keeps outputs of `mlp`'s layers, and `boundary-only` keeps
+# neither: only the blocks' inputs and what lies outside the blocks. Unnamed
+# residuals (`untagged`) are values that no submodule returned, such as the
+# residual additions. The cell after the table prints the kept names.
 
 # %%
 def kept_by_submodule(report):

@@ -36,6 +36,7 @@ from remat_toolkit.policy import Policy
 from remat_toolkit.tags import MAXTEXT_NAMES
 from remat_toolkit.tags import VOCABULARY
 from remat_toolkit.tags import tag
+from remat_toolkit.rules import remat_modules
 from remat_toolkit.transform import remat
 from remat_toolkit.verify import Verification
 from remat_toolkit.verify import verify
@@ -70,6 +71,7 @@ __all__ = [
     "nnx_scan_layers",
     "register_policy",
     "remat",
+    "remat_modules",
     "remat_chain",
     "scan_layers",
     "tag",

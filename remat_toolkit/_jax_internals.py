@@ -684,7 +684,7 @@ def canonical_lines(closed: ClosedJaxpr) -> list[str]:
 
     def ref(v: Any) -> str:
       if isinstance(v, Literal):
-        return f"{v.val!r}:{v.aval.str_short()}"
+        return f"{_np.asarray(v.val).tolist()!r}:{v.aval.str_short()}"
       if v not in names:
         names[v] = len(names)
       return f"v{names[v]}"

@@ -171,6 +171,13 @@ class ResidualReport:
                   lambda r: r.primitive)
 
   # ------------------------------------------------------------ display
+  def __repr__(self) -> str:
+    return (f"ResidualReport(policy={self.policy!r}, "
+            f"residuals={len(self.residuals)}, "
+            f"activation_bytes={self.activation_bytes}, "
+            f"offloaded_bytes={self.offloaded_bytes}, "
+            f"recompute_flops={self.recompute_flops})")
+
   def summary_lines(self) -> list[str]:
     lines = [
         f"policy {self.policy}: {len(self.activations)} activation residuals, "
@@ -542,6 +549,10 @@ class Comparison:
   reports: Mapping[str, ResidualReport]
   skipped: Mapping[str, str]
   regions: int
+
+  def __repr__(self) -> str:
+    return (f"Comparison(policies={list(self.reports)}, "
+            f"skipped={list(self.skipped)}, regions={self.regions})")
 
   @property
   def baseline(self) -> ResidualReport | None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import html
 import io
 import json
 import math
@@ -63,7 +64,7 @@ from remat_toolkit.policy import Policy
 
 __all__ = ["bench", "BenchRecord", "BenchResult", "largest_batch", "BatchFit",
            "BatchSearch", "make_train_step", "step_memory", "DEFAULT_MODEL",
-           "DEFAULT_POLICIES", "BASELINE"]
+           "DEFAULT_POLICIES", "DEFAULT_STEPS", "DEFAULT_WARMUP", "BASELINE"]
 
 #: Every figure is relative to this policy, run in the same call.
 BASELINE = "save-everything"
@@ -74,8 +75,9 @@ DEFAULT_MODEL = "tiny"
 #: must stay under a minute on two cores).
 DEFAULT_POLICIES: tuple[str, ...] = (
     "save-everything", "boundary-only", "recompute-attention-core")
-_DEFAULT_STEPS = 5
-_DEFAULT_WARMUP = 2
+#: Timed steps per policy, and untimed steps before them.
+DEFAULT_STEPS = 5
+DEFAULT_WARMUP = 2
 _DEFAULT_LEARNING_RATE = 1e-3
 _DEFAULT_MAX_BATCH = 4096
 _MEMORY_FIGURE = ("argument + output + temp - alias bytes of the compiled "
@@ -142,7 +144,7 @@ def make_train_step(loss_fn: Callable[..., jax.Array],
 
   Example:
     >>> import jax.numpy as jnp, optax
-    >>> step = make_train_step(lambda w, b: jnp.mean((b * w) ** 2),
+    >>> step = make_train_step(lambda w, b: jnp.mean((b * w[None]) ** 2),
     ...                        optax.sgd(0.1), grad_accum=2)
     >>> w = jnp.ones(3)
     >>> (w, _), loss = step((w, optax.sgd(0.1).init(w)), jnp.ones((4, 3)))
@@ -259,26 +261,28 @@ def _is_builtin(model: Any) -> bool:
   return isinstance(model, (str, GPTConfig))
 
 
-def _builtin_workload(model: Any, *, batch: int | None, seq: int | None,
-                      dtype: str | None, scan: bool | None,
+def _builtin_workload(model: Any, *, batch: int | None,
+                      build: Mapping[str, Any],
                       optimizer: optax.GradientTransformation, seed: int,
                       default_batch: Callable[[int], int], abstract: bool
                       ) -> _Workload:
   from remat_toolkit import models
   config = models.get_config(model)
   size = batch if batch is not None else default_batch(config.batch_size)
-  options = dict(batch=size, seq=seq, dtype=dtype, scan=scan, seed=seed)
+  options = dict(build, batch=size, seed=seed)
   loss_fn, (params, data) = models.build_loss(config, abstract=True, **options)
   if not abstract:
     # One compiled initialisation instead of hundreds of eager ops.
     params, data = jax.jit(
         lambda: models.build_loss(config, abstract=False, **options)[1])()
   config = models.get_config(config, batch_size=size,
-                             seq_len=seq or config.seq_len,
-                             dtype=dtype or config.dtype)
+                             seq_len=build.get("seq") or config.seq_len,
+                             dtype=build.get("dtype") or config.dtype)
+  scan = build.get("scan")
   layout = "scanned" if (config.scan_layers if scan is None else scan) else "unrolled"
-  description = (f"{config.name} ({config.num_layers} layers {layout}, "
-                 f"d_model {config.d_model}, seq {config.seq_len}, "
+  framework = build.get("framework") or "linen"
+  description = (f"{config.name} ({framework}, {config.num_layers} layers "
+                 f"{layout}, d_model {config.d_model}, seq {config.seq_len}, "
                  f"{config.dtype})")
   return _Workload(loss_fn, params, data, optimizer, description,
                    config.seq_len)
@@ -286,7 +290,8 @@ def _builtin_workload(model: Any, *, batch: int | None, seq: int | None,
 
 def _user_workload(model: Any, args: tuple, *, options: Mapping[str, Any],
                    optimizer: optax.GradientTransformation,
-                   tokens_per_example: int | None) -> _Workload:
+                   tokens_per_example: int | None, abstract: bool
+                   ) -> _Workload:
   if isinstance(model, tuple):
     if args or len(model) != 2 or not isinstance(model[1], (tuple, list)):
       raise TypeError(
@@ -309,6 +314,11 @@ def _user_workload(model: Any, args: tuple, *, options: Mapping[str, Any],
         "params and batch with the size, sequence length and dtype you want.")
   params, batch = args
   _leading_size(batch)
+  if not abstract and any(isinstance(x, jax.ShapeDtypeStruct)
+                          for x in jax.tree.leaves(args)):
+    raise ValueError(
+        "bench runs the step, so params and batch must be arrays, not "
+        "jax.ShapeDtypeStruct (largest_batch and step_memory accept those).")
   tokens = (tokens_per_example if tokens_per_example is not None
             else _tokens_per_example(batch))
   name = getattr(model, "__name__", type(model).__name__)
@@ -316,11 +326,17 @@ def _user_workload(model: Any, args: tuple, *, options: Mapping[str, Any],
                    f"{name} (user model)", tokens)
 
 
+def _build_options(**options: Any) -> dict[str, Any]:
+  """The ``models.build_loss`` options given (None means "the config's")."""
+  return {k: v for k, v in options.items() if v is not None}
+
+
 def _workload(model: Model, args: tuple, *, batch: int | None,
-              seq: int | None, dtype: str | None, scan: bool | None,
+              build: Mapping[str, Any],
               optimizer: optax.GradientTransformation | None, seed: int,
               tokens_per_example: int | None, abstract: bool = False,
               default_batch: Callable[[int], int] = lambda b: b) -> _Workload:
+  """What to train: a built-in model built with ``build`` options, or a user loss."""
   optimizer = optimizer or optax.adamw(_DEFAULT_LEARNING_RATE)
   if not isinstance(optimizer, optax.GradientTransformation):
     raise TypeError(
@@ -333,15 +349,14 @@ def _workload(model: Model, args: tuple, *, batch: int | None,
           "choose its size with batch=, seq= and dtype=.")
     if batch is not None:
       _check_positive_int("batch", batch)
-    if seq is not None:
-      _check_positive_int("seq", seq)
-    return _builtin_workload(model, batch=batch, seq=seq, dtype=dtype,
-                             scan=scan, optimizer=optimizer, seed=seed,
+    if build.get("seq") is not None:
+      _check_positive_int("seq", build["seq"])
+    return _builtin_workload(model, batch=batch, build=build,
+                             optimizer=optimizer, seed=seed,
                              default_batch=default_batch, abstract=abstract)
   return _user_workload(model, args, optimizer=optimizer,
                         tokens_per_example=tokens_per_example,
-                        options={"batch": batch, "seq": seq, "dtype": dtype,
-                                 "scan": scan})
+                        options={"batch": batch, **build}, abstract=abstract)
 
 
 # ================================================================ checks
@@ -636,7 +651,8 @@ class BenchResult:
     """What the figures mean and how they were taken."""
     b = self.baseline
     out = [
-        f"{self.model}; {b.global_batch} examples x {b.tokens_per_step // b.global_batch} "
+        f"{self.model}; {b.global_batch} examples x "
+        f"{b.tokens_per_step // b.global_batch} "
         f"tokens per step; median of {self.steps} steps after {self.warmup} "
         f"warm-up; {self.device_kind} ({self.backend}); "
         f"XLA_FLAGS={self.xla_flags or '(unset)'}; jax_remat3={self.jax_remat3}.",
@@ -650,7 +666,9 @@ class BenchResult:
       from remat_toolkit.analysis import cpu_scheduler_setting
       out.append(
           "CPU figures: step times are XLA:CPU's and do not predict an "
-          "accelerator's. XLA:CPU scheduler: " + cpu_scheduler_setting() + ".")
+          "accelerator's. XLA:CPU's compiled memory follows the policy "
+          "mainly for layers under scan (built-in models: scan=True, "
+          "--scan). XLA:CPU scheduler: " + cpu_scheduler_setting() + ".")
       cores = os.cpu_count() or 1
       if self.load_average is not None and self.load_average > cores:
         out.append(
@@ -675,7 +693,7 @@ class BenchResult:
 
   def _repr_html_(self) -> str:
     headers, body = self._table()
-    notes = "".join(f"<p>{n}</p>" for n in self.notes())
+    notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes())
     return html_table(headers, body, caption="Training step per policy") + notes
 
 
@@ -705,7 +723,8 @@ def _timed_steps(compiled: Any, state: Any, batch: Any, *, steps: int,
                  ) -> tuple[list[float], list[float]]:
   times, losses = [], []
   for i in range(warmup + steps):
-    what = f"warm-up {i + 1}/{warmup}" if i < warmup else f"step {i - warmup + 1}/{steps}"
+    what = (f"warm-up {i + 1}/{warmup}" if i < warmup
+            else f"step {i - warmup + 1}/{steps}")
     progress.update(label, what, detail=True)
     start = time.perf_counter()
     state, loss = compiled(state, batch)
@@ -811,7 +830,8 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
           policies: Sequence[str | Policy] | None = None,
           batch: int | None = None, seq: int | None = None,
           dtype: str | None = None, scan: bool | None = None,
-          steps: int = _DEFAULT_STEPS, warmup: int = _DEFAULT_WARMUP,
+          group: int | str | None = None, framework: str | None = None,
+          steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
           grad_accum: int | Sequence[int] = 1,
           optimizer: optax.GradientTransformation | None = None,
           tokens_per_example: int | None = None, seed: int = 0,
@@ -837,6 +857,8 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
     seq: built-in models only: sequence length.
     dtype: built-in models only: activation dtype, e.g. ``"bfloat16"``.
     scan: built-in models only: scan the layers (default: the config's).
+    group: built-in models only: blocks per remat region, or ``"sqrt"``.
+    framework: built-in models only: ``"linen"`` (default) or ``"nnx"``.
     steps: timed steps per policy (the median is reported).
     warmup: untimed steps before them.
     grad_accum: micro-batches per update, or several values to compare
@@ -863,8 +885,10 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
   deadline = _Deadline(time_limit_s)
   accums = _grad_accum_values(grad_accum)
   chosen = _resolve_policies(policies, DEFAULT_POLICIES)
-  workload = _workload(model, args, batch=batch, seq=seq, dtype=dtype,
-                       scan=scan, optimizer=optimizer, seed=seed,
+  build = _build_options(seq=seq, dtype=dtype, scan=scan, group=group,
+                         framework=framework)
+  workload = _workload(model, args, batch=batch, build=build,
+                       optimizer=optimizer, seed=seed,
                        tokens_per_example=tokens_per_example,
                        default_batch=lambda b: b * _lcm(accums))
   _check_divides(workload.batch_size, accums)
@@ -873,7 +897,8 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
   tracker = _Progress(2 * len(plan), progress)
   try:
     compiled = list(_compile_all(plan, workload, tracker, deadline, skipped))
-    records = _run_all(compiled, workload, tracker, steps=steps, warmup=warmup)
+    records = _run_all(compiled, workload, tracker, steps=steps, warmup=warmup,
+                       skipped=skipped)
   finally:
     tracker.close()
   base = records[0]
@@ -904,14 +929,29 @@ def _compile_all(plan: Sequence[tuple[Policy, int]], workload: _Workload,
       tracker.total -= 2
       continue
     tracker.start(_label(item), "compiling...")
-    item.executable, item.compile_time_s = _compile_step(
-        workload, policy, accum, workload.batch)
+    try:
+      item.executable, item.compile_time_s = _compile_step(
+          workload, policy, accum, workload.batch)
+    except Exception as e:  # noqa: BLE001 - one policy must not sink the run
+      if not i:
+        raise
+      skipped[_label(item)] = f"failed to compile: {_one_line(e)}"
+      tracker.total -= 1
+      continue
     item.memory = _memory_figures(item.executable)
     yield item
 
 
+def _one_line(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
 def _run_all(compiled: Sequence[_Compiled], workload: _Workload,
-             tracker: _Progress, *, steps: int, warmup: int) -> list[BenchRecord]:
+             tracker: _Progress, *, steps: int, warmup: int,
+             skipped: dict[str, str]) -> list[BenchRecord]:
+  """Runs every compiled step; a policy that fails (e.g. out of memory) is
+  listed in ``skipped``, except the baseline, whose failure is raised."""
   init_state = _state_factory(workload)
   # Ascending compiled memory, so that each rise of a process-wide
   # high-water mark most likely belongs to the policy that just ran.
@@ -919,9 +959,14 @@ def _run_all(compiled: Sequence[_Compiled], workload: _Workload,
   records: dict[int, BenchRecord] = {}
   for rank, i in enumerate(order, start=1):
     tracker.start(_label(compiled[i]), "running...")
-    records[i] = _run_one(compiled[i], workload, init_state, steps=steps,
-                          warmup=warmup, progress=tracker, order=rank)
-  return [records[i] for i in range(len(compiled))]
+    try:
+      records[i] = _run_one(compiled[i], workload, init_state, steps=steps,
+                            warmup=warmup, progress=tracker, order=rank)
+    except Exception as e:  # noqa: BLE001 - one policy must not sink the run
+      if not i:
+        raise
+      skipped[_label(compiled[i])] = f"failed to run: {_one_line(e)}"
+  return [records[i] for i in sorted(records)]
 
 
 # ================================================================ largest batch
@@ -929,7 +974,8 @@ def _run_all(compiled: Sequence[_Compiled], workload: _Workload,
 def step_memory(model: Model = DEFAULT_MODEL, *args: Any,
                 policy: str | Policy = BASELINE, batch: int | None = None,
                 seq: int | None = None, dtype: str | None = None,
-                scan: bool | None = None,
+                scan: bool | None = None, group: int | str | None = None,
+                framework: str | None = None,
                 optimizer: optax.GradientTransformation | None = None
                 ) -> dict[str, int]:
   """XLA's memory figures of one compiled training step (nothing runs).
@@ -942,6 +988,8 @@ def step_memory(model: Model = DEFAULT_MODEL, *args: Any,
     seq: built-in models only: sequence length.
     dtype: built-in models only: activation dtype.
     scan: built-in models only: scan the layers.
+    group: built-in models only: blocks per remat region, or ``"sqrt"``.
+    framework: built-in models only: ``"linen"`` (default) or ``"nnx"``.
     optimizer: default ``optax.adamw(1e-3)``.
 
   Returns:
@@ -957,9 +1005,11 @@ def step_memory(model: Model = DEFAULT_MODEL, *args: Any,
     >>> step_memory(loss, *args, batch=16)["argument_bytes"] >= 16 * 4 * 4
     True
   """
-  workload = _workload(model, args, batch=None, seq=seq, dtype=dtype,
-                       scan=scan, optimizer=optimizer, seed=0,
-                       tokens_per_example=None, abstract=True)
+  build = _build_options(seq=seq, dtype=dtype, scan=scan, group=group,
+                         framework=framework)
+  workload = _workload(model, args, batch=None, build=build,
+                       optimizer=optimizer, seed=0, tokens_per_example=None,
+                       abstract=True)
   size = workload.batch_size if batch is None else batch
   _check_positive_int("batch", size)
   return _step_memory(workload, catalog.get_policy(policy), size)
@@ -1060,6 +1110,9 @@ class BatchSearch:
     lines += [f"skipped {n}: {why}" for n, why in self.skipped.items()]
     return "\n".join(lines)
 
+  def _repr_html_(self) -> str:
+    return f"<pre>{html.escape(str(self))}</pre>"
+
 
 def _affine_crossing(a: tuple[int, int], b: tuple[int, int], budget: int
                      ) -> int | None:
@@ -1092,7 +1145,8 @@ def _search(measure: Callable[[int], int], budget: int, max_batch: int
   good, bad = 1, None
   while bad is None and good < max_batch:
     fitted = [t for t in tries if t[1] <= budget]
-    guess = _affine_crossing(fitted[-2], fitted[-1], budget) if len(fitted) > 1 else None
+    guess = (_affine_crossing(fitted[-2], fitted[-1], budget)
+             if len(fitted) > 1 else None)
     size = min(max_batch, max(2 * good, (guess or 0) + 1))
     if fits(size):
       good = size
@@ -1117,7 +1171,8 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
                   budget: int | str,
                   policies: Sequence[str | Policy] | None = None,
                   seq: int | None = None, dtype: str | None = None,
-                  scan: bool | None = None,
+                  scan: bool | None = None, group: int | str | None = None,
+                  framework: str | None = None,
                   max_batch: int = _DEFAULT_MAX_BATCH,
                   optimizer: optax.GradientTransformation | None = None,
                   time_limit_s: float | None = None,
@@ -1143,6 +1198,8 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
     seq: built-in models only: sequence length.
     dtype: built-in models only: activation dtype.
     scan: built-in models only: scan the layers.
+    group: built-in models only: blocks per remat region, or ``"sqrt"``.
+    framework: built-in models only: ``"linen"`` (default) or ``"nnx"``.
     max_batch: the largest size tried.
     optimizer: default ``optax.adamw(1e-3)``.
     time_limit_s: start no further policy's search once this many seconds
@@ -1173,9 +1230,11 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
   _check_positive_int("max_batch", max_batch)
   deadline = _Deadline(time_limit_s)
   chosen = _resolve_policies(policies, DEFAULT_POLICIES)
-  workload = _workload(model, args, batch=None, seq=seq, dtype=dtype,
-                       scan=scan, optimizer=optimizer, seed=0,
-                       tokens_per_example=None, abstract=True)
+  build = _build_options(seq=seq, dtype=dtype, scan=scan, group=group,
+                         framework=framework)
+  workload = _workload(model, args, batch=None, build=build,
+                       optimizer=optimizer, seed=0, tokens_per_example=None,
+                       abstract=True)
   runnable, skipped = _runnable(chosen)
   tracker = _Progress(len(runnable), progress)
   fits: dict[str, BatchFit] = {}
@@ -1185,8 +1244,13 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
         skipped[policy.name] = deadline.reason
         continue
       tracker.start(policy.name, "searching...")
-      fits[policy.name] = _fit_policy(workload, policy, budget_bytes,
-                                      max_batch, tracker)
+      try:
+        fits[policy.name] = _fit_policy(workload, policy, budget_bytes,
+                                        max_batch, tracker)
+      except Exception as e:  # noqa: BLE001 - one policy must not sink the run
+        if not i:
+          raise
+        skipped[policy.name] = f"failed to compile: {_one_line(e)}"
   finally:
     tracker.close()
   return BatchSearch(fits=fits, budget_bytes=budget_bytes,

@@ -183,7 +183,8 @@ class Breakdown:
               "remat_toolkit.remat to let remat help.")
     if self.dominant in _STATE:
       share = 100.0 * self.state_bytes / max(self.total_bytes, 1)
-      return (f"The {self.dominant} dominate{'s' * (self.dominant == 'optimizer state')}: "
+      verb = "dominates" if self.dominant == "optimizer state" else "dominate"
+      return (f"The {self.dominant} {verb}: "
               f"parameters, gradients and optimizer state take "
               f"{format_bytes(self.state_bytes)} ({share:.0f}% of the total). "
               "Remat cannot rescue an out-of-memory error caused mainly by "

@@ -462,33 +462,26 @@ def _int_list(text: str) -> list[int]:
 
 def _add_bench_parser(subparsers: Any) -> None:
   # ``remat_toolkit.bench`` is also the function's name: import from the module.
-  from remat_toolkit.bench import DEFAULT_MODEL, DEFAULT_POLICIES
+  from remat_toolkit.bench import (DEFAULT_MODEL, DEFAULT_POLICIES,
+                                   DEFAULT_STEPS, DEFAULT_WARMUP)
   parser = _command_parser(
       subparsers, "bench",
       summary="Compile and run a training step (AdamW, jit, donated state) "
               "under each policy: compile time, step time, tokens/s and "
-              "memory, relative to save-everything from the same run.")
+              "memory, relative to save-everything from the same run. "
+              "--batch is the examples of one optimizer update, split into "
+              "--grad-accum micro-batches.")
   parser.add_argument(
       "policy", nargs="*",
       help="policies to run (save-everything is always added as the "
            "baseline); 'all' for the whole catalogue; default: "
            f"{', '.join(DEFAULT_POLICIES)}")
-  parser.add_argument("--model", default=DEFAULT_MODEL,
-                      metavar="CONFIG",
-                      help="built-in model config, e.g. tiny, gpt2-small "
-                           f"(default: {DEFAULT_MODEL})")
-  parser.add_argument("--batch", type=int, metavar="N",
-                      help="examples per optimizer update (default: the "
-                           "config's batch times the grad-accum steps)")
-  parser.add_argument("--seq", type=int, metavar="N", help="sequence length")
-  parser.add_argument("--dtype", metavar="DTYPE",
-                      help="activation dtype, e.g. bfloat16")
-  parser.add_argument("--scan", action="store_true",
-                      help="apply the layers with scan")
-  parser.add_argument("--steps", type=int, default=5, metavar="N",
-                      help="timed steps per policy (default: 5)")
-  parser.add_argument("--warmup", type=int, default=2, metavar="N",
-                      help="untimed steps before them (default: 2)")
+  # --batch counts the examples of one optimizer update (all micro-batches).
+  _add_model_options(parser, default=DEFAULT_MODEL)
+  parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                      help=f"timed steps per policy (default: {DEFAULT_STEPS})")
+  parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="N",
+                      help=f"untimed steps before them (default: {DEFAULT_WARMUP})")
   parser.add_argument("--grad-accum", type=_int_list, default=[1],
                       metavar="K[,K...]",
                       help="micro-batches per update; several values run each "
@@ -512,19 +505,38 @@ def _add_bench_parser(subparsers: Any) -> None:
   parser.set_defaults(run=_cmd_bench)
 
 
+def _bench_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+  """The model ``bench`` takes, and the build options given for it."""
+  options = {"seq": args.seq, "dtype": args.dtype, "scan": args.scan,
+             "group": args.group}
+  if ":" in args.model:  # a user's (loss_fn, args); options would not apply
+    return _load_user_model(args.model), options
+  group = args.group
+  if group is not None and group != "sqrt":
+    try:
+      options["group"] = int(group)
+    except ValueError:
+      raise ValueError(
+          f"--group must be a positive integer or 'sqrt', got {group!r}.") from None
+  return args.model, dict(options, framework=args.framework)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
   from remat_toolkit.bench import bench, largest_batch
   policies = args.policy or None
   if policies and "all" in policies:
     policies = catalog.list_policies()
-  common = dict(policies=policies, seq=args.seq, dtype=args.dtype,
-                scan=args.scan or None, time_limit_s=args.time_limit,
-                progress=not args.quiet)
+  model, options = _bench_model(args)
+  common = dict(policies=policies, time_limit_s=args.time_limit,
+                progress=not args.quiet, **options)
   if args.max_batch_under is not None:
-    result = largest_batch(args.model, budget=args.max_batch_under,
+    if args.batch is not None:
+      raise ValueError("--batch does not apply with --max-batch-under, which "
+                       "searches the batch; cap it with --max-batch-cap.")
+    result = largest_batch(model, budget=args.max_batch_under,
                            max_batch=args.max_batch_cap, **common)
   else:
-    result = bench(args.model, batch=args.batch, steps=args.steps,
+    result = bench(model, batch=args.batch, steps=args.steps,
                    warmup=args.warmup, grad_accum=args.grad_accum, **common)
   if args.json:
     print(result.to_json(indent=2))
@@ -592,8 +604,18 @@ def _plan_groups(args: argparse.Namespace) -> dict[str, Any]:
         "--group-sizes needs a built-in --model config; for your own model "
         "call remat_toolkit.plan(..., groups=...) from Python.")
   from remat_toolkit import models
-  current = args.group or models.get_config(args.model).remat_group
-  sizes = [g for g in args.group_sizes if str(g) != str(current)]
+  from remat_toolkit.grouping import group_size
+  config = models.get_config(args.model)
+  current = args.group or config.remat_group
+
+  def resolved(group):  # "sqrt" and 4 can be the same layout
+    try:
+      return group_size(int(group) if str(group).isdigit() else group,
+                        config.num_layers)
+    except ValueError:
+      return group  # the planner reports why this size is skipped
+
+  sizes = [g for g in args.group_sizes if resolved(g) != resolved(current)]
 
   def layout(group):
     grouped = argparse.Namespace(**{**vars(args), "group": str(group)})

@@ -7,14 +7,30 @@ for the backward pass fit ``budget`` with the least recompute. The matmul
 policies (``save-matmuls``, ``save-matmuls-no-batch``) and ``save-everything``
 are weighed as whole alternatives, since JAX cannot combine them with names.
 
-Every number comes from the residual analyzer on a program traced once; no
-cost is assumed additive. The search is an exact branch and bound over real
-evaluations. It relies on two facts of JAX's partial evaluation: keeping more
-names never recomputes more, and a residual kept when *every* undecided name
-is kept (a name already chosen, or a region input) is kept whatever the
-undecided names become. So evaluating "keep all undecided names" gives, at
-once, the least recompute of a whole subtree (and its optimum, if it fits) and
-a lower bound on its bytes.
+Every number in a :class:`Plan` is measured by the residual analyzer on a
+program traced once; none is predicted. Recompute is the analyzer's matmul
+FLOPs, so recomputing elementwise work counts as free and, among choices of
+equal FLOPs, the one keeping fewer bytes wins. The search has three stages:
+
+1. Measure the named policies, the whole alternatives and each name kept on
+   its own.
+2. Add the per-name effects up into a model, solve it exactly (a dynamic
+   programme over predicted bytes and FLOPs), and measure its best
+   predictions, cheapest first, until the model predicts nothing better than
+   what was measured. Names interact (keeping two tensors can spare a
+   recompute that neither spares alone), so a prediction can be wrong; the
+   measurement decides.
+3. Repair or prove the result by a best-first branch and bound over real
+   evaluations. It relies on two facts of JAX's partial evaluation: keeping
+   more names never recomputes more, and a residual kept when *every*
+   undecided name is kept (a name already kept, or a region input) is kept
+   whatever the undecided names become. So measuring "keep every undecided
+   name" gives, at once, the least recompute below a node (and its optimum,
+   if it fits) and a lower bound on its bytes.
+
+Stages 2 and 3 share ``max_evaluations``; :attr:`Plan.optimal` says whether
+stage 3 finished, which proves that no choice of names and no whole
+alternative recomputes less within the budget.
 
 Offloading is costed in FLOP-equivalents: an offloaded residual crosses the
 host link twice (out in the forward pass, back in the backward pass), and
@@ -387,7 +403,9 @@ class Plan:
   Attributes:
     policy: the planned :class:`Policy` (usable with ``rt.use_policy``; by
       name after :meth:`register` or :meth:`save` + ``rt.load_policies``).
-    budget: the activation budget in bytes.
+    budget: the budget in bytes.
+    bounds: what the budget bounds: ``"kept activations"``, or
+      ``"estimated peak"`` when planned with ``groups`` (or ``peak=True``).
     activation_bytes: device bytes the policy keeps (measured).
     offloaded_bytes: bytes it moves to host memory (measured).
     recompute_flops: matmul FLOPs it recomputes (measured).
@@ -398,9 +416,12 @@ class Plan:
       ``"recompute"`` (empty when a whole alternative won).
     named: every catalogue policy measured on the same program.
     report: the analyzer's :class:`ResidualReport` of the plan.
-    optimal: whether the search finished, which proves the plan optimal;
-      False when it stopped at ``max_evaluations``.
-    evaluations: analyzer evaluations the plan took.
+    optimal: whether the branch and bound finished, which proves that no
+      choice of names and no whole alternative recomputes less within the
+      budget; False when it stopped at ``max_evaluations`` (the plan is then
+      the best measured).
+    evaluations: analyzer evaluations made on the model so far (named
+      policies and per-name measurements included).
     smallest_bytes: the least activation memory any evaluated policy kept.
     workspace_bytes: one region's internals while it is recomputed.
     estimated_peak: ``activation_bytes + workspace_bytes``.
@@ -427,6 +448,7 @@ class Plan:
   smallest_bytes: int
   workspace_bytes: int
   estimated_peak: int
+  bounds: str = "kept activations"
   group: Any = None
   groups: tuple[GroupEstimate, ...] = ()
   host_budget: int | None = None
@@ -473,7 +495,7 @@ class Plan:
     """The policy file's text, with the plan's numbers as comments."""
     head = [
         "# Written by remat_toolkit.plan.",
-        f"# activation budget {format_bytes(self.budget)}: keeps "
+        f"# budget {format_bytes(self.budget)} for {self.bounds}: keeps "
         f"{format_bytes(self.activation_bytes)} on device, recomputes "
         f"{format_flops(self.recompute_flops)} "
         f"({self.recompute_percent:.1f}% of a no-remat step)"
@@ -484,7 +506,8 @@ class Plan:
   # ------------------------------------------------------------ display
   def summary_lines(self) -> list[str]:
     lines = [
-        f"{self.policy.name}: activation budget {format_bytes(self.budget)}"
+        f"{self.policy.name}: budget {format_bytes(self.budget)} "
+        f"({self.bounds})"
         + (f", group size {self.group}" if self.group is not None else ""),
         f"  keeps {format_bytes(self.activation_bytes)} on device"
         + (f", offloads {format_bytes(self.offloaded_bytes)} to host"
@@ -494,8 +517,9 @@ class Plan:
         f"  estimated peak {format_bytes(self.estimated_peak)} (kept "
         f"activations + {format_bytes(self.workspace_bytes)} while one region "
         "is recomputed)",
-        ("  optimal: the search finished" if self.optimal else
-         "  NOT proven optimal: the search stopped at its evaluation limit")
+        ("  proven optimal: the branch and bound finished" if self.optimal
+         else "  best measured, not proven optimal: the search stopped at "
+         "max_evaluations")
         + f" ({self.evaluations} analyzer evaluations)",
     ]
     if self.decisions:
@@ -517,11 +541,18 @@ class Plan:
     return ["named policy", "activations", "offloaded", "recompute", "fits"], body
 
   def _group_rows(self) -> tuple[list[str], list[list[str]]]:
-    body = [["as given" if g.group is None else str(g.group), str(g.regions),
-             format_bytes(g.boundary_bytes), format_bytes(g.workspace_bytes),
-             format_bytes(g.activation_bytes), format_bytes(g.estimated_peak),
-             format_flops(g.recompute_flops), "yes" if g.fits else "no",
-             g.note] for g in self.groups]
+    body = []
+    for g in self.groups:
+      label = "as given" if g.group is None else str(g.group)
+      if not g.regions:  # skipped: the layout could not be built
+        body.append([label, *["-"] * 6, "no", g.note])
+        continue
+      body.append([label, str(g.regions), format_bytes(g.boundary_bytes),
+                   format_bytes(g.workspace_bytes),
+                   format_bytes(g.activation_bytes),
+                   format_bytes(g.estimated_peak),
+                   format_flops(g.recompute_flops), "yes" if g.fits else "no",
+                   g.note])
     return ["group", "regions", "boundaries", "workspace", "kept", "est. peak",
             "recompute", "fits", "note"], body
 
@@ -562,6 +593,7 @@ class Plan:
     return {
         "policy": _policy_record(self.policy),
         "budget": self.budget,
+        "bounds": self.bounds,
         "activation_bytes": self.activation_bytes,
         "offloaded_bytes": self.offloaded_bytes,
         "recompute_flops": self.recompute_flops,
@@ -750,7 +782,7 @@ class Planner:
       raise self._infeasible(limit, complete, peak)
     choice = best.choice
     policy = choice.policy(f"plan-{choice.digest()}",
-                           _describe(choice, limit, best))
+                           _describe(choice, limit, best, peak))
     workspace = self.workspace_bytes(best.device_bytes)
     return Plan(
         policy=policy, budget=limit, activation_bytes=best.device_bytes,
@@ -761,6 +793,7 @@ class Planner:
         optimal=complete, evaluations=self.evaluations,
         smallest_bytes=self._smallest().device_bytes,
         workspace_bytes=workspace, estimated_peak=best.device_bytes + workspace,
+        bounds="estimated peak" if peak else "kept activations",
         host_budget=host, host_bandwidth=self.host_bandwidth,
         device_flops=self.device_flops)
 
@@ -870,7 +903,7 @@ def _decisions(choice: _Choice, names: Sequence[str]) -> dict[str, str]:
           "offload" if n in choice.offload else "recompute" for n in names}
 
 
-def _describe(choice: _Choice, budget: int, o: _Outcome) -> str:
+def _describe(choice: _Choice, budget: int, o: _Outcome, peak: bool) -> str:
   if choice.mode:
     what = f"the whole-model alternative {choice.mode}"
   elif choice.save or choice.offload:
@@ -879,7 +912,8 @@ def _describe(choice: _Choice, budget: int, o: _Outcome) -> str:
       what += "; offloads " + ", ".join(sorted(choice.offload))
   else:
     what = "keeps only region inputs"
-  return (f"Planned by remat_toolkit.plan for an activation budget of "
+  bound = "an estimated peak" if peak else "kept activations"
+  return (f"Planned by remat_toolkit.plan for {bound} of at most "
           f"{format_bytes(budget)}: {what}; recomputes the rest "
           f"({o.report.recompute_percent:.1f}% of a no-remat step).")
 

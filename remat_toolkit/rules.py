@@ -54,12 +54,11 @@ class _Rules:
 
   items: tuple[tuple[str, Any], ...]
 
-  def match(self, class_name: str, path: str) -> tuple[str, Any] | None:
-    for pattern, policy in self.items:
-      if (fnmatch.fnmatchcase(class_name, pattern)
-          or fnmatch.fnmatchcase(path, pattern)):
-        return pattern, policy
-    return None
+  def matching(self, class_name: str, path: str) -> list[tuple[str, Any]]:
+    """Every rule that matches the module, in order (``*`` crosses ``/``)."""
+    return [(pattern, policy) for pattern, policy in self.items
+            if fnmatch.fnmatchcase(class_name, pattern)
+            or fnmatch.fnmatchcase(path, pattern)]
 
 
 def _validate_rules(rules: Any) -> _Rules:
@@ -82,21 +81,23 @@ def _validate_rules(rules: Any) -> _Rules:
 
 
 def _report_unmatched(rules: _Rules, matched: set[str],
-                      seen: Mapping[str, str], strict: bool) -> None:
-  """Warns (or raises) about rules that matched no module, listing what exists."""
+                      seen: Mapping[str, str], strict: bool,
+                      stacklevel: int) -> None:
+  """Warns (or raises) about rules that matched no module; lists what exists."""
   missing = [p for p, _ in rules.items if p not in matched]
   if not missing:
     return
   classes = sorted(set(seen.values()))
   paths = sorted(p for p in seen if p)
-  shown = paths if len(paths) <= 20 else paths[:20] + [f"... ({len(paths)} in all)"]
+  if len(paths) > 20:
+    paths = paths[:20] + [f"... ({len(paths)} in all)"]
   message = (
       f"remat_modules: rule(s) {missing} match no module. Rules match a "
       f"module class name or a module path glob; this model has classes "
-      f"{classes} and paths {shown}.")
+      f"{classes} and paths {paths}.")
   if strict:
     raise ValueError(message)
-  warnings.warn(message, UserWarning, stacklevel=3)
+  warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 def _tag_tree(tree: Any, name: str) -> Any:
@@ -125,7 +126,7 @@ _linen_call: contextvars.ContextVar[_LinenCall | None] = contextvars.ContextVar(
 
 
 def _linen_interceptor(rules: _Rules, tag_outputs: bool):
-  from flax.linen import transforms as linen_transforms
+  """Sees every submodule call: opens regions, tags outputs inside them."""
 
   def interceptor(next_fun, args, kwargs, ctx):
     state = _linen_call.get()
@@ -133,37 +134,42 @@ def _linen_interceptor(rules: _Rules, tag_outputs: bool):
     if state is None or ctx.method_name != "__call__" or module.scope is None:
       return next_fun(*args, **kwargs)
     path = tuple(str(p) for p in module.path)
-    path_str = "/".join(path)
     class_name = type(module).__name__
-    state.seen.setdefault(path_str, class_name)
+    state.seen.setdefault("/".join(path), class_name)
     if state.entering == path:
       # The lifted clone of a matched module: run its body inside the region.
       state.entering = None
       return _run_in_region(state, path, next_fun, args, kwargs)
-    if state.region is not None:
+    hits = rules.matching(class_name, "/".join(path))
+    state.matched.update(pattern for pattern, _ in hits)
+    if state.region is not None:  # regions do not nest
       out = next_fun(*args, **kwargs)
       rel = path[len(state.region):]
-      if tag_outputs and path[:len(state.region)] == state.region and rel:
+      if tag_outputs and rel and path[:len(state.region)] == state.region:
         out = _tag_tree(out, "/".join(rel))
       return out
-    hit = rules.match(class_name, path_str)
-    if hit is None:
+    if not hits:
       return next_fun(*args, **kwargs)
-    pattern, policy = hit
-    state.matched.add(pattern)
-    spec = transform._spec_for(
-        type(module).__call__, policy, True, (), _region_name(path_str,
-                                                              class_name),
-        method=True)
-    lifted = linen_transforms.decorator_lift_transform(
-        transform._linen_transform, type(module).__call__, spec=spec)
-    state.entering = path
-    try:
-      return lifted(module, *args, **kwargs)
-    finally:
-      state.entering = None
+    return _open_region(state, module, path, hits[0][1], args, kwargs)
 
   return interceptor
+
+
+def _open_region(state: _LinenCall, module: Any, path: tuple[str, ...],
+                 policy: Any, args: tuple, kwargs: dict) -> Any:
+  """Calls ``module`` through a lifted remat; its clone re-enters the
+  interceptor, which then runs the body with the region active."""
+  from flax.linen import transforms as linen_transforms
+  call = type(module).__call__
+  where = _region_name("/".join(path), type(module).__name__)
+  spec = transform._spec_for(call, policy, True, (), where, method=True)
+  lifted = linen_transforms.decorator_lift_transform(
+      transform._linen_transform, call, spec=spec)
+  state.entering = path
+  try:
+    return lifted(module, *args, **kwargs)
+  finally:
+    state.entering = None
 
 
 def _run_in_region(state: _LinenCall, path: tuple[str, ...], next_fun,
@@ -190,7 +196,8 @@ def _linen_rules_active(rules: _Rules, tag_outputs: bool, strict: bool
       yield
   finally:
     _linen_call.reset(token)
-  _report_unmatched(rules, state.matched, state.seen, strict)
+  # Raised from the user's init/apply call: contextlib and the wrapper between.
+  _report_unmatched(rules, state.matched, state.seen, strict, stacklevel=6)
 
 
 def _linen_with_rules(model: Any, rules: _Rules, tag_outputs: bool,
@@ -262,13 +269,11 @@ def _nnx_with_rules(model: Any, rules: _Rules, tag_outputs: bool,
   matched: set[str] = set()
   regions: list[tuple[tuple[str, ...], Any, Any]] = []
   for path, node in sorted(modules, key=lambda item: len(item[0])):
-    if any(path[:len(r)] == r for r, _, _ in regions):
-      continue  # regions do not nest: the outermost match wins
-    hit = rules.match(type(node).__name__, "/".join(path))
-    if hit is not None and callable(getattr(node, "__call__", None)):
-      matched.add(hit[0])
-      regions.append((path, node, hit[1]))
-  _report_unmatched(rules, matched, seen, strict)
+    hits = rules.matching(type(node).__name__, "/".join(path))
+    matched.update(pattern for pattern, _ in hits)
+    if hits and not any(path[:len(r)] == r for r, _, _ in regions):
+      regions.append((path, node, hits[0][1]))  # regions do not nest
+  _report_unmatched(rules, matched, seen, strict, stacklevel=4)
   wrapped: set[int] = set()
   for region_path, region_node, policy in regions:
     if tag_outputs:

@@ -57,7 +57,7 @@ class _RegionSpec:
 
 
 def _validate_policy(policy: Any, where: str) -> None:
-  """Fails at declaration time for a bad policy; resolution waits for tracing."""
+  """Fails at declaration for a bad policy; resolution waits for tracing."""
   if policy is None:
     return
   if isinstance(policy, (str, Policy)) or callable(policy):
@@ -113,8 +113,11 @@ def _require_hashable(value: Any, label: str, where: str) -> None:
         f"value, so {fix}.") from None
 
 
+_Rebuild = Callable[[list[Any]], tuple[tuple, dict]]
+
+
 def _split_static(spec: _RegionSpec, args: tuple, kwargs: dict
-                  ) -> tuple[list[Any], Callable[[list[Any]], tuple[tuple, dict]]]:
+                  ) -> tuple[list[Any], _Rebuild]:
   """Splits a call into traced array leaves and a function that rebuilds it.
 
   Arguments named by ``static_argnums`` stay whole and must be hashable;
@@ -177,18 +180,28 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: _RegionSpec,
   inputs = (prefix, dynamic)
   names = None
   if _names_decide_policy(spec.policy):
-    leaves = jax.tree_util.tree_leaves(inputs)
-    in_tree = jax.tree_util.tree_structure(inputs)
-    closed, out_shape = jax.make_jaxpr(
-        lambda *xs: body(*jax.tree_util.tree_unflatten(in_tree, xs)),
-        return_shape=True)(*leaves)
-    names = internals.names_in(closed.jaxpr)
+    names, body = _discover(body, inputs)
     context.warn_if_unmatched(spec.policy, names, spec.where)
-    body = _replay(closed, jax.tree_util.tree_structure(out_shape))
   jax_policy = context.region_policy(
       spec.policy, tags.known_names() if names is None else names)
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
+
+
+def _discover(body: Callable[..., Any], inputs: tuple
+              ) -> tuple[frozenset[str], Callable[..., Any]]:
+  """Traces ``body`` once: its checkpoint names, and a replay of the trace.
+
+  Names come from the jaxpr, so tags made with ``rt.tag`` and with JAX's
+  own ``checkpoint_name`` are both found, inside nested scans too.
+  """
+  leaves = jax.tree_util.tree_leaves(inputs)
+  in_tree = jax.tree_util.tree_structure(inputs)
+  closed, out_shape = jax.make_jaxpr(
+      lambda *xs: body(*jax.tree_util.tree_unflatten(in_tree, xs)),
+      return_shape=True)(*leaves)
+  names = internals.names_in(closed.jaxpr)
+  return names, _replay(closed, jax.tree_util.tree_structure(out_shape))
 
 
 def _replay(closed: Any, out_tree: Any) -> Callable[..., Any]:

@@ -360,3 +360,44 @@ def test_time_limit_keeps_the_baseline_and_lists_the_rest(monkeypatch):
   assert "skipped boundary-only" in str(res)
   with pytest.raises(ValueError, match="time_limit_s"):
     rt.bench(scanned_loss, params, batch, time_limit_s=0, progress=False)
+
+
+def test_cli_bench_runs_a_user_model(tmp_path, monkeypatch):
+  (tmp_path / "bench_user_model.py").write_text(
+      "import jax.numpy as jnp\n"
+      "def make():\n"
+      "  loss = lambda w, b: jnp.mean((b['x'] @ w) ** 2)\n"
+      "  return loss, (jnp.ones((4, 4)), {'x': jnp.ones((6, 4))})\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  status, out, _ = _run_cli(["bench", "--model", "bench_user_model:make",
+                             "--steps", "1", "--warmup", "0", "--quiet",
+                             "--grad-accum", "3", "--csv", "save-everything"])
+  assert status == 0
+  header, row = out.splitlines()
+  record = dict(zip(header.split(","), row.split(","), strict=True))
+  assert (record["global_batch"], record["micro_batch"]) == ("6", "2")
+  status, _, err = _run_cli(["bench", "--model", "bench_user_model:make",
+                             "--seq", "8", "--quiet"])
+  assert status == 2 and "built-in models only" in err
+
+
+def test_a_policy_that_fails_is_reported_not_fatal(monkeypatch):
+  real = bench_module._compile_step
+
+  def flaky(workload, policy, grad_accum, batch):
+    if policy.name != "save-everything":
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore detail")
+    return real(workload, policy, grad_accum, batch)
+
+  monkeypatch.setattr(bench_module, "_compile_step", flaky)
+  params, batch = make_args()
+  res = rt.bench(scanned_loss, params, batch, policies=["boundary-only"],
+                 steps=1, warmup=0, progress=False)
+  assert [r.policy for r in res.records] == ["save-everything"]
+  assert res.skipped["boundary-only"] == (
+      "failed to compile: RuntimeError: RESOURCE_EXHAUSTED: out of memory")
+  # Without the baseline there is nothing to compare with: that failure raises.
+  monkeypatch.setattr(bench_module, "_compile_step",
+                      lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+  with pytest.raises(RuntimeError, match="boom"):
+    rt.bench(scanned_loss, params, batch, progress=False)

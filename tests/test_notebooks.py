@@ -1,9 +1,11 @@
 """Executes every notebook in ``notebooks/`` and checks its key output.
 
 The notebooks are kept as jupytext percent scripts; each is converted to a
-notebook in a temporary folder and run top to bottom in a fresh ``python3``
-kernel of this interpreter, as a reader would run it. A cell that raises fails
-the test, and so does a notebook whose key output is missing.
+notebook in a temporary folder and run top to bottom in a fresh IPython kernel
+running this interpreter (its own kernelspec, so a ``python3`` kernel installed
+elsewhere cannot stand in), as a reader would run it. A cell that raises fails
+the test (the notebooks assert what their text claims), and so does a notebook
+whose key output is missing.
 """
 
 from __future__ import annotations

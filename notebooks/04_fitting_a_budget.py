@@ -1,0 +1,179 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Fitting a memory budget: breakdown, then plan
+#
+# Two questions come before choosing a policy for a long training run:
+#
+# 1. **Will remat help at all?** Remat only trades *activation* memory for
+#    recompute. If parameters, gradients or optimizer state take most of the
+#    memory, no policy rescues an out-of-memory error. `rt.memory_breakdown`
+#    says which case you are in.
+# 2. **Which policy fits?** `rt.plan` finds, for a byte budget, the policy with
+#    the least recompute whose activations fit, deciding per checkpoint name
+#    whether to keep or recompute it, and measures the built-in policies
+#    against the same budget.
+#
+# Both run on abstract shapes of the built-in GPT-2 small model, so nothing is
+# allocated; the training step at the end runs on a tiny configuration.
+
+# %%
+import pathlib
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import remat_toolkit as rt
+from remat_toolkit import models
+
+config = models.get_config("gpt2-small")
+loss_fn, (params, batch) = models.build_loss(config)
+optimizer = optax.adamw(1e-3)
+
+# %% [markdown]
+# ## Where the memory of a training step goes
+#
+# `rt.memory_breakdown(loss, params, batch, optimizer=...)` counts the
+# parameters, their gradients, the optimizer state (from
+# `jax.eval_shape(optimizer.init, params)`), the batch, and the activations kept
+# for the backward pass under the ambient policy (`boundary-only` here). It also
+# gives the range remat can move the activations over: from `boundary-only`
+# (least memory) to `save-everything` (no remat). The bold row is the largest
+# category, and the closing paragraph says whether remat is the right tool.
+# XLA's temporary buffers come on top of this total.
+
+# %%
+breakdown = rt.memory_breakdown(loss_fn, params, batch, optimizer=optimizer)
+breakdown
+
+# %% [markdown]
+# ## A budget for the activations
+#
+# The planner's budget covers the activations only. Derive it from the device:
+# take its memory, leave headroom for XLA's temporaries, and subtract what
+# remat cannot change (parameters, gradients, optimizer state, inputs). The
+# device size below is an example; put your accelerator's here.
+
+# %%
+GiB = 2**30
+device_memory = 6 * GiB
+headroom = 0.10  # for XLA's temporary buffers
+fixed = breakdown.state_bytes + breakdown.input_bytes
+budget = int(device_memory * (1 - headroom)) - fixed
+print(f"device {device_memory / GiB:.1f} GiB, {headroom:.0%} headroom, "
+      f"parameters + gradients + optimizer state + inputs "
+      f"{fixed / GiB:.2f} GiB")
+print(f"activation budget: {budget / GiB:.2f} GiB (remat range "
+      f"{breakdown.boundary_only_bytes / GiB:.2f} .. "
+      f"{breakdown.save_everything_bytes / GiB:.2f} GiB)")
+assert breakdown.boundary_only_bytes <= budget, "no policy fits this device"
+
+# %% [markdown]
+# ## The plan
+#
+# `rt.plan(loss, params, batch, budget=...)` searches keep/recompute decisions
+# per checkpoint name (each name covers that tensor in every layer), measuring
+# each candidate with the residual analyzer on a program traced once. The
+# printout gives the planned policy's bytes and recompute, whether the search
+# finished (which proves the plan has the least recompute of any such choice),
+# the decision for every name, and every built-in policy measured against the
+# same budget. A budget below what `boundary-only` keeps raises a `ValueError`
+# that says how much that is; `allow_offload=True` also considers moving names
+# to host memory.
+
+# %%
+plan = rt.plan(loss_fn, params, batch, budget=budget)
+print(plan)
+
+# %% [markdown]
+# The same numbers as attributes: the policy itself (an ordinary `rt.Policy`:
+# the names it keeps), its device bytes and recompute, and the built-in
+# policies that fit, least recompute first.
+#
+# The budget bounds the activations kept for the backward pass. While one
+# region is recomputed its internals are alive as well: the *estimated peak*
+# adds that workspace. If the estimated peak exceeds the budget, leave more
+# headroom, or pass `groups=` to `rt.plan` (other layouts of the model, by
+# blocks per remat region) so that the budget bounds the estimated peak instead.
+
+# %%
+print("policy:", plan.policy.name)
+print("  keeps:", ", ".join(plan.policy.save) or "(nothing named)")
+print(f"  {plan.activation_bytes / GiB:.2f} GiB of activations for a budget of "
+      f"{plan.budget / GiB:.2f} GiB; recompute {plan.recompute_percent:.1f}% "
+      f"of a no-remat step ({plan.recompute_flops / 1e9:.1f} GFLOP)")
+print(f"  estimated peak {plan.estimated_peak / GiB:.2f} GiB (workspace "
+      f"{plan.workspace_bytes / GiB:.2f} GiB); within the budget: "
+      f"{plan.estimated_peak <= budget}")
+print("closest built-ins that fit:")
+for fit in plan.closest_builtins:
+  print(f"  {fit.name:30s} {fit.activation_bytes / GiB:.2f} GiB, "
+        f"recompute {fit.recompute_percent:.1f}%")
+
+# %% [markdown]
+# ## Keep the plan: save it, load it by name
+#
+# `plan.save(path)` writes the policy as a TOML file in the catalogue's format,
+# with the plan's numbers as comments, and `rt.load_policies(path)` adds it to
+# the catalogue, so that code and the `remat-toolkit` command line can select it
+# by name (`override=True` lets this cell run twice). Analysing the loaded
+# policy by name gives back the plan's numbers.
+
+# %%
+with tempfile.TemporaryDirectory() as folder:
+  path = plan.save(pathlib.Path(folder) / f"{plan.policy.name}.toml")
+  print(path.read_text())
+  loaded = rt.load_policies(path, override=True)
+print("loaded policy:", [p.name for p in loaded])
+
+check = rt.analyze(loss_fn, params, batch, policy=plan.policy.name)
+print(f"by name: {check.activation_bytes / GiB:.2f} GiB, recompute "
+      f"{check.recompute_percent:.1f}%")
+assert check.activation_bytes == plan.activation_bytes
+assert check.recompute_flops == plan.recompute_flops
+
+# %% [markdown]
+# ## Train with it
+#
+# The loaded policy works like a built-in one: inside `rt.use_policy(name)`,
+# the model's remat regions take it when the training step is traced. The step
+# below is a jitted AdamW step on the `tiny` configuration of the same model
+# (its blocks carry the same checkpoint names), small enough for a CPU.
+
+# %%
+tiny = models.get_config("tiny")
+tiny_loss, (tiny_abstract, _) = models.build_loss(tiny)
+rng = np.random.default_rng(0)
+tokens = rng.integers(0, tiny.vocab_size, size=(tiny.batch_size, tiny.seq_len + 1),
+                      dtype=np.int32)
+tiny_batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+tiny_params = jax.jit(models.GPT(tiny).init)(
+    jax.random.key(0), tiny_batch["inputs"])["params"]
+assert (jax.tree_util.tree_structure(tiny_params)
+        == jax.tree_util.tree_structure(tiny_abstract))
+
+
+def train_step(params, opt_state, batch):
+  value, grads = jax.value_and_grad(tiny_loss)(params, batch)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, value
+
+
+opt_state = optimizer.init(tiny_params)
+with rt.use_policy(plan.policy.name):
+  step = jax.jit(train_step)
+  for i in range(3):
+    tiny_params, opt_state, value = step(tiny_params, opt_state, tiny_batch)
+    print(f"step {i}: loss {float(value):.4f}")
+assert bool(jnp.isfinite(value))

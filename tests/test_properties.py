@@ -1,0 +1,193 @@
+"""Property-based tests over random built-in model shapes and every policy.
+
+Hypothesis draws a GPT shape (layers, width, heads, dtype, scan or not, remat
+group size, FFN and position variants, dropout), a framework (linen or NNX) and a remat
+implementation, then checks, for every built-in policy that runs there:
+
+* gradients equal those of the same model built without remat;
+* the analyzer's residual counts and bytes equal JAX's own accounting
+  (``saved_residuals`` under ``rt.use_policy``);
+* device activation bytes are ordered wherever the policies' kept name sets
+  are nested (computed from the policies, on the names the model has).
+
+Examples are few and small: each one compiles or traces the model for about
+sixteen policies.
+"""
+
+import importlib
+
+import jax
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import remat_toolkit as rt
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import analysis
+from remat_toolkit import models
+
+verify_module = importlib.import_module("remat_toolkit.verify")
+
+_SETTINGS = dict(deadline=None, derandomize=True, print_blob=True,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def gpt_configs(draw):
+  """A tiny GPT config; every field the built-ins vary is drawn."""
+  layers = draw(st.integers(1, 2), label="layers")
+  heads = draw(st.sampled_from([1, 2]), label="heads")
+  head_dim = draw(st.sampled_from([4, 8]), label="head_dim")
+  scan = draw(st.booleans(), label="scan")
+  sizes = [g for g in range(1, layers + 1) if not scan or layers % g == 0]
+  group = draw(st.sampled_from(sizes + ["sqrt"]), label="group")
+  swiglu = draw(st.booleans(), label="swiglu")
+  return models.get_config(
+      "tiny", num_layers=layers, num_heads=heads, d_model=heads * head_dim,
+      d_ff=draw(st.sampled_from([16, 32]), label="d_ff"),
+      seq_len=draw(st.sampled_from([4, 8]), label="seq"),
+      batch_size=draw(st.sampled_from([1, 2]), label="batch"),
+      vocab_size=16,
+      dropout_rate=draw(st.sampled_from([0.0, 0.2]), label="dropout"),
+      dtype=draw(st.sampled_from(["float32", "bfloat16"]), label="dtype"),
+      scan_layers=scan, remat_group=group,
+      ffn="swiglu" if swiglu else "gelu",
+      positions="rope" if swiglu else "learned",
+      norm="rmsnorm" if swiglu else "layernorm",
+      use_bias=not swiglu, tie_embeddings=not swiglu)
+
+
+frameworks = st.sampled_from(["linen", "nnx"])
+
+
+def runnable_policies(remat3: bool) -> list[str]:
+  names = rt.list_policies()
+  if remat3:  # offloading needs remat2
+    names = [n for n in names if not rt.get_policy(n).offloads]
+  return names
+
+
+def concrete(args):
+  leaves, treedef = jax.tree_util.tree_flatten(args)
+  return jax.tree_util.tree_unflatten(
+      treedef, verify_module.random_inputs(leaves, seed=0))
+
+
+# ------------------------------------------------------------ gradients
+
+@settings(max_examples=2, **_SETTINGS)
+@given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
+def test_gradients_equal_no_remat_for_every_builtin(config, framework, remat3):
+  with internals.remat3(remat3):
+    policies = runnable_policies(remat3)
+    # With dropout on, the recompute must draw the masks the forward drew.
+    dropout = config.dropout_rate > 0
+    fn, args = models.build_loss(config, framework=framework, dropout=dropout)
+    reference, _ = models.build_loss(config, remat=False, framework=framework,
+                                     dropout=dropout)
+    params, batch = concrete(args)
+
+    def every_policy(params, batch):
+      # One program for all policies: one compilation per example.
+      out = [jax.value_and_grad(reference)(params, batch)]
+      for name in policies:
+        with rt.use_policy(name):
+          out.append(jax.value_and_grad(fn)(params, batch))
+      return out
+
+    results = jax.jit(every_policy).lower(params, batch).compile(
+        verify_module.COMPILER_OPTIONS)(params, batch)
+  rtol, atol = verify_module.default_tolerances([config.activation_dtype])
+  (ref_loss, ref_grads), *rest = results
+  want = [ref_loss, *jax.tree_util.tree_leaves(ref_grads)]
+  labels = ["loss"] + [jax.tree_util.keystr(p) for p, _ in
+                       jax.tree_util.tree_flatten_with_path(ref_grads)[0]]
+  for name, (loss, grads) in zip(policies, rest, strict=True):
+    diff = verify_module._compare(
+        [loss, *jax.tree_util.tree_leaves(grads)], want, labels, rtol, atol)
+    assert diff.ok, (name, diff)
+
+
+# ------------------------------------------------------------ bytes
+
+def jax_accounting(fn, args, policy):
+  """(residual count, activation bytes) from JAX's saved_residuals."""
+  def under_policy(*a):
+    with rt.use_policy(policy):
+      return fn(*a)
+  found = internals.saved_residuals(under_policy, *args)
+  activations = [a for a, d in found if "from the argument" not in d]
+  return len(found), sum(internals.aval_nbytes(a) for a in activations)
+
+
+@settings(max_examples=2, **_SETTINGS)
+@given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
+def test_analyzer_bytes_equal_jax_accounting(config, framework, remat3):
+  with internals.remat3(remat3):
+    fn, args = models.build_loss(config, framework=framework)
+    comparison = rt.compare(fn, *args, policies=runnable_policies(remat3))
+    for name, report in comparison.reports.items():
+      count, act_bytes = jax_accounting(fn, args, name)
+      assert len(report.residuals) == count, name
+      assert report.activation_bytes + report.offloaded_bytes == act_bytes, name
+
+
+# ------------------------------------------------------------ ordering
+
+def kept_names(policy: rt.Policy, names: frozenset[str]) -> frozenset[str] | None:
+  """The names a plain save-list policy keeps on device; None otherwise."""
+  if policy.save_everything or policy.offloads or policy.matmuls != "none":
+    return None
+  return frozenset(n for n in names if policy.matches(n))
+
+
+def nested_pairs(names: frozenset[str]) -> list[tuple[str, str]]:
+  """(a, b) with a's kept names a subset of b's, from the policy files."""
+  kept = {n: kept_names(rt.get_policy(n), names) for n in rt.list_policies()}
+  kept = {n: k for n, k in kept.items() if k is not None}
+  return [(a, b) for a in kept for b in kept if a != b and kept[a] <= kept[b]]
+
+
+@settings(max_examples=3, **_SETTINGS)
+@given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
+def test_activation_bytes_are_ordered_where_kept_sets_are_nested(
+    config, framework, remat3):
+  with internals.remat3(remat3):
+    fn, args = models.build_loss(config, framework=framework)
+    program = analysis.TracedProgram(fn, args)
+    pairs = nested_pairs(program.names)
+    needed = {p for pair in pairs for p in pair} | {"save-everything"}
+    kept = {n: program.report(rt.get_policy(n)).activation_bytes for n in needed}
+  # The chain the README promises is among the nested pairs on this model.
+  chain = ["boundary-only", "save-qkv", "save-attention",
+           "save-projections-and-context", "recompute-attention-core"]
+  assert set(zip(chain, chain[1:])) <= set(pairs)
+  for small, large in pairs:
+    assert kept[small] <= kept[large], (small, large, kept)
+  if not remat3:  # remat3's everything_saveable drops un-named values
+    assert all(v <= kept["save-everything"] for v in kept.values()), kept
+
+
+def test_nesting_is_read_from_the_policy_files():
+  names = frozenset(rt.VOCABULARY)
+  pairs = set(nested_pairs(names))
+  assert ("save-qkv", "save-attention") in pairs
+  assert ("save-attention", "save-qkv") not in pairs
+  # save-ffn and save-attention keep disjoint names: neither is nested.
+  assert ("save-ffn", "save-attention") not in pairs
+  assert ("save-attention", "save-ffn") not in pairs
+  assert all(("boundary-only", b) in pairs for _, b in pairs
+             if b != "boundary-only")
+
+
+@pytest.mark.parametrize("remat3", [False, True], ids=["remat2", "remat3"])
+def test_the_chain_is_strictly_increasing_on_the_tiny_model(remat3):
+  # Guards the ordering property against a model where every policy keeps
+  # the same bytes (it would hold vacuously).
+  with internals.remat3(remat3):
+    fn, args = models.build_loss("tiny")
+    comparison = rt.compare(fn, *args, policies=[
+        "boundary-only", "save-qkv", "save-attention",
+        "save-projections-and-context", "recompute-attention-core"])
+  kept = [r.activation_bytes for r in comparison.reports.values()]
+  assert kept == sorted(kept) and len(set(kept)) == len(kept)
