@@ -21,12 +21,35 @@ import remat_toolkit as rt  # noqa: E402
 from remat_toolkit import models  # noqa: E402
 
 
+def _markdown(comparison) -> str:
+  """The catalogue as a markdown table, with the measured columns."""
+  from remat_toolkit.display import format_bytes
+  lines = ["| policy | keeps on device | offloads to host | aliases "
+           "| activations | offloaded | recompute |",
+           "|---|---|---|---|---:|---:|---:|"]
+  for row in comparison.rows():
+    policy = rt.get_policy(row["policy"])
+    vocab = [n for n in policy.save if n in rt.VOCABULARY]
+    keeps = ", ".join(vocab) if vocab else policy.keeps_summary()
+    off = [n for n in policy.offload if n in rt.VOCABULARY]
+    offloads = ", ".join(off) if off else policy.offloads_summary()
+    aliases = ", ".join(f"`{a}`" for a in policy.aliases) or "-"
+    lines.append(
+        f"| `{policy.name}` | {keeps} | {offloads} | {aliases} "
+        f"| {format_bytes(row['activation_bytes'])} "
+        f"| {format_bytes(row['offloaded_bytes']) if row['offloaded_bytes'] else '-'} "
+        f"| {row['recompute_percent']:.1f}% |")
+  return "\n".join(lines)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="gpt2-small")
   parser.add_argument("--group", default=None)
   parser.add_argument("--scan", action="store_true")
   parser.add_argument("--policies", nargs="*", default=None)
+  parser.add_argument("--markdown", action="store_true",
+                      help="print the README's catalogue table instead")
   args = parser.parse_args()
   group = args.group if args.group in (None, "sqrt") else int(args.group)
   print(describe_machine())
@@ -39,7 +62,7 @@ def main() -> None:
         f"{'scan' if args.scan else 'unrolled'}\n")
   start = time.perf_counter()
   comparison = rt.compare(fn, *loss_args, policies=args.policies)
-  print(comparison)
+  print(_markdown(comparison) if args.markdown else comparison)
   print(f"\nanalysed {len(comparison.reports)} policies in "
         f"{time.perf_counter() - start:.1f} s")
 

@@ -935,3 +935,14 @@ def _jitted_region(body: Jaxpr, policy: Any, prevent_cse: Any) -> Callable:
 import weakref as _weakref  # noqa: E402
 
 _JITTED = _weakref.WeakKeyDictionary()
+
+
+def count_host_offloads(jaxpr: Jaxpr) -> int:
+  """``device_put`` equations to host memory in ``jaxpr`` and nested jaxprs."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if offload_destination(eqn) == "host":
+      total += 1
+    for sub in sub_jaxprs(eqn):
+      total += count_host_offloads(sub)
+  return total

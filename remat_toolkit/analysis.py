@@ -472,7 +472,10 @@ def _strip_root(path: str, root: str) -> str:
   if parts and parts[0] == root:
     parts = parts[1:]
   parts = [p[len(root) + 1:] if p.startswith(root + ".") else p for p in parts]
-  return "/".join(parts)
+  # A transform lifted over a method scopes the module's name once more
+  # ("Block_0/Block_0"): one module, one path component.
+  deduped = [p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1]]
+  return "/".join(deduped)
 
 
 def _region_name_sets(jaxpr, marker) -> tuple[frozenset[str], ...]:

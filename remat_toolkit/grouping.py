@@ -1,4 +1,4 @@
-"""Remat regions over runs of layers: :func:`remat_chain` and :func:`scan_layers`.
+"""Remat regions over runs of layers: ``remat_chain`` and ``scan_layers``.
 
 Where the region boundaries fall decides what a remat policy can save: a
 region's inputs are always kept, everything inside follows the policy. One
@@ -35,7 +35,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 
 from remat_toolkit.context import PolicyLike
 
@@ -294,10 +293,10 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
 
   The linen form is ``nn.scan(nn.remat(block_cls, prevent_cse=False))`` with
   parameters (and any other variable collection) stacked along a leading
-  axis and ``params``/``dropout`` keys split per layer; the remat policy is read at
-  trace time. With ``group > 1`` two scans are nested, the outer one over
-  ``length // group`` remat regions of ``group`` blocks each (Chen et al.'s
-  sqrt(n) schedule); parameters then have the leading shape
+  axis and ``params``/``dropout`` keys split per layer; the remat policy is
+  read at trace time. With ``group > 1`` two scans are nested, the outer
+  one over ``length // group`` remat regions of ``group`` blocks each (Chen
+  et al.'s sqrt(n) schedule); parameters then have the leading shape
   ``(length // group, group)``. An NNX ``block_cls`` is handed to
   :func:`nnx_scan_layers`.
 
@@ -362,8 +361,12 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
   # second wrapper would add the module name to every path twice.
   return type(f"Scanned{block_cls.__name__}", (scanned,), {
       "__call__": nn.nowrap(__call__), "__module__": block_cls.__module__,
-      "__doc__": f"{length} x {block_cls.__name__}, scanned "
-                 f"({'remat per ' + str(size) + ' block(s)' if remat else 'no remat'})."})
+      "__doc__": _layout_doc(block_cls, length, size, remat)})
+
+
+def _layout_doc(block_cls: type, length: int, size: int, remat: bool) -> str:
+  regions = f"one remat region per {size} block(s)" if remat else "no remat"
+  return f"{length} x {block_cls.__name__}, scanned, {regions}."
 
 
 # ---------------------------------------------------------------- NNX scan
@@ -471,8 +474,7 @@ def _make_nnx_stack_class(spec: _NNXScanSpec) -> type:
            else (spec.length // spec.size, spec.size))
 
   class ScannedLayers(nnx.Module):
-    __doc__ = (f"{spec.length} x {spec.block_cls.__name__}, scanned "
-               f"({'remat per ' + str(spec.size) + ' block(s)' if spec.remat else 'no remat'}).")
+    __doc__ = _layout_doc(spec.block_cls, spec.length, spec.size, spec.remat)
 
     def __init__(self, *args: Any, rngs: Any, **kwargs: Any):
       self.blocks = _stacked(

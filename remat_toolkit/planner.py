@@ -495,7 +495,7 @@ class Plan:
     """The policy file's text, with the plan's numbers as comments."""
     head = [
         "# Written by remat_toolkit.plan.",
-        f"# budget {format_bytes(self.budget)} for {self.bounds}: keeps "
+        f"# budget {format_bytes(self.budget)} ({self.bounds}): keeps "
         f"{format_bytes(self.activation_bytes)} on device, recomputes "
         f"{format_flops(self.recompute_flops)} "
         f"({self.recompute_percent:.1f}% of a no-remat step)"

@@ -240,8 +240,10 @@ def _linen_transform(scope_target: Callable[..., Any], *, spec: _RegionSpec
                    enable_kwargs=True)
 
 
-# Flax names a lifted class ``transform.__name__.capitalize() + cls.__name__``.
-_linen_transform.__name__ = "remat"
+# Flax names a lifted class ``transform.__name__.capitalize() + cls.__name__``;
+# "checkpoint" gives nn.remat's names (CheckpointBlock_0), so swapping
+# nn.remat for rt.remat keeps a model's variables.
+_linen_transform.__name__ = "checkpoint"
 
 
 def _is_linen_module(x: Any) -> bool:

@@ -380,8 +380,8 @@ def _effect_warnings(program: analysis.TracedProgram) -> list[str]:
             "in the forward pass and again each time the backward pass "
             "recomputes the region")
     if site.primitive == "io_callback":
-      text += ("; JAX cannot differentiate a remat region with an IO effect, "
-               "so move the io_callback out of the region")
+      text += ("; move the io_callback out of the region (with jax_remat3 off "
+               "JAX refuses to differentiate a region with an IO effect)")
     elif site.primitive == "pure_callback":
       text += "; harmless only if the callback really is pure"
     else:

@@ -29,6 +29,15 @@ ARG = "argument"
 COMPUTED = "computed"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _quick_compiles():
+  """These programs are tiny: XLA's optimisation passes cost more than they save."""
+  before = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", before)
+
+
 # ---------------------------------------------------------------- helpers
 
 def residual_kinds(fn, *args) -> list[tuple[str, str]]:

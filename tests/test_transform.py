@@ -203,6 +203,21 @@ def test_linen_class(remat_mode):
       plain, variables)
 
 
+def test_linen_class_keeps_nn_remat_variable_names():
+  class Auto(nn.Module):  # submodules auto-named after their class
+    block: type
+
+    @nn.compact
+    def __call__(self, x):
+      return self.block()(x, False)
+
+  def names(block):
+    shapes = jax.eval_shape(lambda: Auto(block).init(jax.random.key(0), X))
+    return jax.tree_util.tree_structure(shapes)
+  assert names(rt.remat(LinenBlock)) == names(nn.remat(LinenBlock,
+                                                       static_argnums=(2,)))
+
+
 def linen_method_block(decorator):
   class Block(LinenBlock):
     @decorator

@@ -100,11 +100,11 @@ def build_loss(config: str | GPTConfig, *, batch: int | None = None,
     ValueError: for an unknown config or framework, or bad overrides.
 
   Example:
-    >>> import jax
     >>> from remat_toolkit import models
-    >>> loss_fn, args = models.build_loss("tiny", abstract=False)
-    >>> bool(loss_fn(*args) > 0)
-    True
+    >>> loss_fn, (params, batch) = models.build_loss(
+    ...     "tiny", framework="nnx", dropout=True)
+    >>> sorted(batch), batch["dropout_key"].dtype
+    (['dropout_key', 'inputs', 'targets'], dtype('uint32'))
   """
   if framework not in FRAMEWORKS:
     raise ValueError(
@@ -163,7 +163,7 @@ def _build_linen(cfg: GPTConfig, *, abstract: bool, seed: int, dropout: bool
   def init():
     return model.init(jax.random.key(seed), _dummy_tokens(cfg))["params"]
 
-  params = jax.eval_shape(init) if abstract else init()
+  params = jax.eval_shape(init) if abstract else jax.jit(init)()
 
   def loss_fn(params: Any, batch: dict[str, Any]) -> jax.Array:
     rngs = ({"dropout": jax.random.wrap_key_data(batch["dropout_key"])}
@@ -182,7 +182,7 @@ def _build_nnx(cfg: GPTConfig, *, abstract: bool, seed: int, dropout: bool
   def create():
     return NNXGPT(cfg, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
 
-  model = nnx.eval_shape(create) if abstract else create()
+  model = nnx.eval_shape(create) if abstract else nnx.jit(create)()
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   if abstract:
     # Rng streams (a few keys and counters) must be real values for the

@@ -7,8 +7,8 @@ same things under the same policy.
 Example:
   >>> import jax.numpy as jnp
   >>> from remat_toolkit.models import common
-  >>> logits = jnp.zeros((1, 3, 4))
-  >>> round(float(common.next_token_loss(logits, jnp.zeros((1, 3), jnp.int32))), 4)
+  >>> logits, targets = jnp.zeros((1, 3, 4)), jnp.zeros((1, 3), jnp.int32)
+  >>> round(float(common.next_token_loss(logits, targets)), 4)
   1.3863
 """
 

@@ -109,12 +109,13 @@ class GPTConfig:
     _check_choice("norm", self.norm, NORM_KINDS)
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(
-          f"GPTConfig.dropout_rate must be in [0, 1), got {self.dropout_rate!r}.")
+          f"GPTConfig.dropout_rate must be in [0, 1), got "
+          f"{self.dropout_rate!r}.")
     for field in ("dtype", "param_dtype"):
       _check_dtype(field, getattr(self, field))
     group = self.remat_group
-    if group != "sqrt" and (isinstance(group, bool) or not isinstance(group, int)
-                            or group < 1):
+    is_count = isinstance(group, int) and not isinstance(group, bool)
+    if group != "sqrt" and not (is_count and group >= 1):
       raise ValueError(
           f"GPTConfig.remat_group must be a positive integer or 'sqrt', got "
           f"{group!r}.")
@@ -140,11 +141,11 @@ class GPTConfig:
     Raises:
       TypeError: for a field that does not exist.
     """
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
+    fields = [f.name for f in dataclasses.fields(self)]
+    unknown = sorted(set(overrides) - set(fields))
     if unknown:
       raise TypeError(
-          f"GPTConfig has no field(s) {unknown}; fields are "
-          f"{[f.name for f in dataclasses.fields(self)]}.")
+          f"GPTConfig has no field(s) {unknown}; fields are {fields}.")
     return dataclasses.replace(self, **overrides)
 
 

@@ -69,7 +69,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-  """GELU MLP (up, GELU, down) or SwiGLU (gate, up, ``silu(gate) * up``, down)."""
+  """GELU MLP (up, GELU, down) or SwiGLU (``silu(gate) * up``, down)."""
 
   config: GPTConfig
 

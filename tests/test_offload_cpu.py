@@ -1,0 +1,132 @@
+"""Offloading policies on the CPU backend (jax_remat3 off).
+
+XLA:CPU has a ``pinned_host`` memory kind, so the offloading policies lower
+and run: a jitted gradient moves the selected residuals with ``device_put``
+to host memory (on CPU both live in RAM, so only the accounting differs).
+The analyzer must count them as host bytes, not device bytes, exactly as
+JAX's own ``saved_residuals`` marks them (``float32<host>[...]``). Under
+``jax_remat3``, which would silently recompute instead, they raise.
+"""
+
+import importlib
+
+import jax
+import pytest
+
+import remat_toolkit as rt
+from remat_toolkit import _jax_internals as internals
+from remat_toolkit import models
+
+verify_module = importlib.import_module("remat_toolkit.verify")
+
+#: Each offloading policy and the policy that keeps the same tensors on device.
+SAVING_TWIN = {
+    "offload-attention": "save-attention",
+    "offload-qkv": "save-qkv",
+    "offload-projections": "save-projections",
+    "offload-matmuls-no-batch": "save-matmuls-no-batch",
+}
+OFFLOADING = sorted(SAVING_TWIN)
+CONFIG = models.get_config("tiny", num_layers=2, d_model=16, num_heads=2,
+                           d_ff=32, seq_len=8, batch_size=2, dropout_rate=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _remat2():
+  with internals.remat3(False):
+    yield
+
+
+def test_the_builtin_offloading_policies_are_these():
+  assert OFFLOADING == [n for n in rt.list_policies()
+                        if rt.get_policy(n).offloads]
+
+
+def test_pin_cpu_backend_has_a_pinned_host_memory_kind():
+  kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+  assert "pinned_host" in kinds
+
+
+def test_offloading_gradients_run_jitted_on_cpu_and_equal_no_remat():
+  fn, args = models.build_loss(CONFIG)
+  reference, _ = models.build_loss(CONFIG, remat=False)
+  leaves, treedef = jax.tree_util.tree_flatten(args)
+  params, batch = jax.tree_util.tree_unflatten(
+      treedef, verify_module.random_inputs(leaves))
+
+  def every_policy(params, batch):
+    out = [jax.value_and_grad(reference)(params, batch)]
+    for name in OFFLOADING:
+      with rt.use_policy(name):
+        out.append(jax.value_and_grad(fn)(params, batch))
+    return out
+
+  (ref_loss, ref_grads), *results = jax.jit(every_policy).lower(
+      params, batch).compile(verify_module.COMPILER_OPTIONS)(params, batch)
+  want = [ref_loss, *jax.tree_util.tree_leaves(ref_grads)]
+  labels = ["loss"] * len(want)
+  for name, (loss, grads) in zip(OFFLOADING, results, strict=True):
+    diff = verify_module._compare([loss, *jax.tree_util.tree_leaves(grads)],
+                                  want, labels, 1e-5, 0.0)
+    assert diff.ok, (name, diff)
+
+
+@pytest.mark.parametrize("policy", OFFLOADING)
+def test_the_gradient_really_moves_residuals_to_host(policy):
+  fn, args = models.build_loss(CONFIG)
+  with rt.use_policy(policy):
+    step = jax.make_jaxpr(jax.value_and_grad(fn))(*args)
+  with rt.use_policy(SAVING_TWIN[policy]):
+    kept = jax.make_jaxpr(jax.value_and_grad(fn))(*args)
+  assert internals.count_host_offloads(step.jaxpr) > 0
+  assert internals.count_host_offloads(kept.jaxpr) == 0
+
+
+def jax_host_and_device_bytes(fn, args, policy):
+  def under(*a):
+    with rt.use_policy(policy):
+      return fn(*a)
+  host = device = 0
+  for aval, desc in internals.saved_residuals(under, *args):
+    if "from the argument" in desc:
+      continue
+    if "<host>" in str(aval):
+      host += internals.aval_nbytes(aval)
+    else:
+      device += internals.aval_nbytes(aval)
+  return host, device
+
+
+@pytest.mark.parametrize("framework", ["linen", "nnx"])
+@pytest.mark.parametrize("policy", OFFLOADING)
+def test_report_counts_offloaded_residuals_as_host_bytes(policy, framework):
+  fn, args = models.build_loss(CONFIG, framework=framework)
+  comparison = rt.compare(fn, *args, policies=[policy, SAVING_TWIN[policy]])
+  off = comparison.reports[policy]
+  twin = comparison.reports[SAVING_TWIN[policy]]
+  host, device = jax_host_and_device_bytes(fn, args, policy)
+  assert (off.offloaded_bytes, off.activation_bytes) == (host, device)
+  assert off.offloaded_bytes > 0
+  # The same tensors, moved: device bytes drop by exactly what went to host.
+  assert off.offloaded_bytes + off.activation_bytes == twin.activation_bytes
+  assert twin.offloaded_bytes == 0
+  assert off.activation_bytes_per_device == off.activation_bytes
+  assert off.to_dict()["offloaded_bytes"] == host
+  hosted = [r for r in off.activations if r.memory_kind == "host"]
+  if rt.get_policy(policy).offload:  # offloaded by name
+    assert {r.name for r in hosted} <= set(rt.get_policy(policy).offload)
+  else:  # offloaded matmul outputs
+    assert {r.primitive for r in hosted} == {"dot_general"}
+
+
+@pytest.mark.parametrize("policy", OFFLOADING)
+def test_offloading_under_remat3_raises_a_clear_error(policy):
+  fn, args = models.build_loss(CONFIG)
+  with internals.remat3(True):
+    with pytest.raises(ValueError, match=rf"{policy}.*jax_remat3.*silently"):
+      rt.analyze(fn, *args, policy=policy)
+    with pytest.raises(ValueError, match=r"jax_remat3"):
+      with rt.use_policy(policy):
+        jax.eval_shape(jax.grad(fn), *args)
+    with pytest.raises(ValueError, match=r"jax_remat3"):
+      rt.verify(fn, *args, policy=policy, check_values=False)
