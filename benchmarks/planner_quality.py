@@ -118,12 +118,13 @@ def _quality(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
   return rows
 
 
-def _timing(name: str, scan: bool) -> dict[str, Any]:
-  """Seconds from nothing to a plan at the middle budget (model built too)."""
+def _timing(name: str, scan: bool, count: int) -> dict[str, Any]:
+  """Seconds from nothing (model built too) to a plan at the second of the
+  budgets, the first where checkpoint names must be chosen."""
   fn, loss_args = models.build_loss(name, scan=scan)
   lo = rt.analyze(fn, *loss_args, policy="boundary-only").activation_bytes
   hi = rt.analyze(fn, *loss_args, policy="save-everything").activation_bytes
-  budget = (lo + hi) // 2
+  budget = lo + (hi - lo) // (count - 1)
   start = time.perf_counter()
   fn, loss_args = models.build_loss(name, scan=scan)
   p = rt.plan(fn, *loss_args, budget=budget)
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.extend(_quality(name, args))
   print()
   _print_quality(rows)
-  timings = [_timing(name, scan) for name in args.timing.split(",") if name
+  timings = [_timing(name, scan, args.budgets)
+             for name in args.timing.split(",") if name
              for scan in (False, True)]
   if timings:
     print()

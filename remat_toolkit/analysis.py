@@ -348,8 +348,15 @@ class TracedProgram:
     key = self.lowered(policy)
     if key not in self._steps:
       jaxpr = self._substituted(policy)
-      self._steps[key] = internals.trace_training_step(
-          jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
+      try:
+        self._steps[key] = internals.trace_training_step(
+            jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
+      except NotImplementedError as e:
+        # JAX's remat refuses some effects (io_callback) inside a region.
+        raise ValueError(
+            f"JAX cannot differentiate fn under policy {policy.name!r}: {e}. "
+            "Move side effects such as io_callback out of the remat region; "
+            "remat_toolkit.verify(fn, ...) lists them.") from None
     return self._steps[key]
 
   @property

@@ -221,7 +221,10 @@ def load_policies(path: str | os.PathLike, *, override: bool = False
 def register_policy(policy: Policy, *, override: bool = False) -> Policy:
   """Adds a :class:`Policy` built in Python to the catalogue."""
   if not isinstance(policy, Policy):
-    raise TypeError(f"register_policy takes a remat_toolkit.Policy, got {policy!r}.")
+    raise TypeError(
+        f"register_policy takes a remat_toolkit.Policy, got {policy!r}; build "
+        "one first, e.g. rt.register_policy(rt.Policy(name='mine', "
+        "save=['attn.q'])), or load a file with rt.load_policies(path).")
   _REGISTRY._ensure_loaded()
   _REGISTRY.add([(policy, "python")], override=override)
   return policy

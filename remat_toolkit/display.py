@@ -51,7 +51,9 @@ def parse_bytes(value: int | str) -> int:
         f"{value!r} of type {type(value).__name__}.")
   if isinstance(value, int):
     if value < 0:
-      raise ValueError(f"A memory size cannot be negative, got {value}.")
+      raise ValueError(
+          f"A memory size cannot be negative, got {value}; give bytes as a "
+          "non-negative int or a string such as '512MiB' or '8GiB'.")
     return value
   text = value.strip().lower().replace(" ", "")
   number = text.rstrip("abcdefghijklmnopqrstuvwxyz")

@@ -710,11 +710,11 @@ class Planner:
     self._whole = {m: self._evaluate(_Choice(mode=m)) for m in _MODES
                    if allow_offload or m not in _OFFLOAD_MODES}
     self._boundary = self._evaluate(_Choice())
-    every_name = self._evaluate(_Choice(save=frozenset(self.names)))
+    self._every_name = self._evaluate(_Choice(save=frozenset(self.names)))
     # What recomputing a region can materialise again: the most any measured
     # policy keeps (under jax_remat3 save-everything still recomputes
     # unnamed values, so it is not always the largest).
-    self._everything = max([every_name, *self._whole.values()],
+    self._everything = max([self._every_name, *self._whole.values()],
                            key=lambda o: o.device_bytes)
     self.region_executions = _region_executions(program, self._everything)
     self._model: _AdditiveModel | None = None
@@ -841,11 +841,21 @@ class Planner:
     bound then proves the result over real evaluations, or improves it, with
     at most ``max_evaluations`` analyzer evaluations for both stages.
     """
-    model = self._additive_model()
     search = _Search(self._evaluate, self.names, limits, self.allow_offload)
     # Whatever already fits (named policies, whole alternatives) competes.
     for o in list(self._evaluate.outcomes()):
       search.offer(o)
+    if search.best is None or search.best.cost > self._least_cost():
+      self._search(search, limits, max_evaluations)
+    # else nothing recomputes less than what already fits: no search needed.
+    best = search.best
+    if best is not None and not best.choice.mode:
+      best = _drop_useless(self._evaluate, best, limits)
+    return best, search.complete
+
+  def _search(self, search: _Search, limits: _Limits,
+              max_evaluations: int) -> None:
+    model = self._additive_model()
     self._evaluate.limit = self._evaluate.evaluations + max_evaluations
     try:
       for predicted, choice in model.ranked(limits, _MODEL_CANDIDATES):
@@ -857,10 +867,10 @@ class Planner:
       search.complete = False
     finally:
       self._evaluate.limit = None
-    best = search.best
-    if best is not None and not best.choice.mode:
-      best = _drop_useless(self._evaluate, best, limits)
-    return best, search.complete
+
+  def _least_cost(self) -> float:
+    # Keeping every name (or a whole alternative) recomputes the least.
+    return min(o.cost for o in [self._every_name, *self._whole.values()])
 
   def _smallest(self) -> _Outcome:
     return min(self._evaluate.outcomes(),

@@ -157,13 +157,9 @@ CASES = [
     Case("remat_modules", "a rule's policy is 3",
          lambda: rt.remat_modules(_Model(), {"_Block": 3}), TypeError,
          (r"\b3\b", r"policy='save-attention'")),
-    pytest.param(
-        Case("register_policy", "a name instead of a Policy",
-             lambda: rt.register_policy("save-ffn"), TypeError,
-             (r"'save-ffn'", r"Policy\(name=")),
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "catalog.register_policy names the value but not the fix "
-            "(e.g. rt.register_policy(rt.Policy(name=..., save=[...])))"))),
+    Case("register_policy", "a name instead of a Policy",
+         lambda: rt.register_policy("save-ffn"), TypeError,
+         (r"'save-ffn'", r"Policy\(name=")),
     Case("Policy", "name=None", lambda: rt.Policy(name=None), TypeError,
          (r"None", r"non-empty string")),
     Case("Policy", "save='attn.q' (a string, not a list)",
@@ -200,12 +196,8 @@ CASES = [
     Case("plan", "budget='lots'",
          lambda: rt.plan(good_loss, W, X, budget="lots"), ValueError,
          (r"'lots'", r"'512MiB'")),
-    pytest.param(
-        Case("plan", "budget=-1", lambda: rt.plan(good_loss, W, X, budget=-1),
-             ValueError, (r"-1", r"'\d+(MiB|GiB)'")),
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "display.parse_bytes says 'cannot be negative' but gives no "
-            "example of a valid size"))),
+    Case("plan", "budget=-1", lambda: rt.plan(good_loss, W, X, budget=-1),
+         ValueError, (r"-1", r"'\d+(MiB|GiB)'")),
     Case("plan", "budget below the smallest achievable",
          lambda: rt.plan(two_block_loss, W, X, budget=1), ValueError,
          (r"\b1\b|1 B", r"smallest|least|at least")),
