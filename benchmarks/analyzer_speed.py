@@ -1,8 +1,10 @@
 """How long comparing every policy takes, against JAX's own saved_residuals.
 
 The target: `rt.compare` over every built-in policy on the gpt2-xl shape
-(48 layers, abstract inputs) takes at most 2x what
-`jax.ad_checkpoint.saved_residuals` takes for ONE policy on the same function.
+(48 layers, abstract inputs) takes at most 2x what JAX's own
+`saved_residuals` (private: `jax._src.ad_checkpoint`, the data source of
+`jax.ad_checkpoint.print_saved_residuals`) takes for ONE policy on the same
+function.
 
 Each measurement runs in a fresh process so that no trace cache is shared
 between the two sides; each side is measured `--repeats` times and the
@@ -28,7 +30,7 @@ _CHILD = r"""
 import json, sys, time
 import jax
 import remat_toolkit as rt
-from remat_toolkit import models
+from remat_toolkit import _jax_internals, models
 config, scan, side = sys.argv[1], sys.argv[2] == "scan", sys.argv[3]
 fn, args = models.build_loss(config, scan=scan)
 if side == "jax":
@@ -36,7 +38,7 @@ if side == "jax":
     with rt.use_policy("boundary-only"):
       return fn(*a)
   start = time.perf_counter()
-  jax.ad_checkpoint.saved_residuals(under_policy, *args)
+  _jax_internals.saved_residuals(under_policy, *args)  # jax's private saved_residuals
   count = 1
 else:
   start = time.perf_counter()

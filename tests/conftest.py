@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from remat_toolkit import _jax_internals as internals
+from remat_toolkit import catalog
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -25,3 +26,18 @@ def remat_mode(request):
 def _isolated_policy_env(monkeypatch):
   monkeypatch.delenv("REMAT_TOOLKIT_POLICY_PATH", raising=False)
   yield
+
+
+@pytest.fixture(autouse=True)
+def restore_registry():
+  """Snapshots the process-global catalogue and puts it back afterwards."""
+  reg = catalog._REGISTRY
+  reg._ensure_loaded()
+  saved = (dict(reg._policies), dict(reg._aliases), dict(reg._sources),
+           reg._loaded_env, reg._builtins_loaded)
+  yield
+  with reg._lock:
+    (policies, aliases, sources, reg._loaded_env,
+     reg._builtins_loaded) = saved
+    reg._policies, reg._aliases, reg._sources = (
+        dict(policies), dict(aliases), dict(sources))

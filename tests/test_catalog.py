@@ -8,21 +8,6 @@ import remat_toolkit as rt
 from remat_toolkit import catalog
 
 
-@pytest.fixture(autouse=True)
-def restore_registry():
-  """Snapshots the process-global catalogue and puts it back afterwards."""
-  reg = catalog._REGISTRY
-  reg._ensure_loaded()
-  saved = (dict(reg._policies), dict(reg._aliases), dict(reg._sources),
-           reg._loaded_env, reg._builtins_loaded)
-  yield
-  with reg._lock:
-    (policies, aliases, sources, reg._loaded_env,
-     reg._builtins_loaded) = saved
-    reg._policies, reg._aliases, reg._sources = (
-        dict(policies), dict(aliases), dict(sources))
-
-
 def _lookups():
   """Every name and alias, and the policy it resolves to."""
   reg = catalog._REGISTRY

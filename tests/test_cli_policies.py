@@ -14,21 +14,6 @@ from remat_toolkit import catalog
 from remat_toolkit import cli
 
 
-@pytest.fixture(autouse=True)
-def restore_registry():
-  """``--policies`` adds to the process-global catalogue; put it back."""
-  reg = catalog._REGISTRY
-  reg._ensure_loaded()
-  saved = (dict(reg._policies), dict(reg._aliases), dict(reg._sources),
-           reg._loaded_env, reg._builtins_loaded)
-  yield
-  with reg._lock:
-    (policies, aliases, sources, reg._loaded_env,
-     reg._builtins_loaded) = saved
-    reg._policies, reg._aliases, reg._sources = (
-        dict(policies), dict(aliases), dict(sources))
-
-
 def _run(capsys, *argv):
   status = cli.main(list(argv))
   out, err = capsys.readouterr()
