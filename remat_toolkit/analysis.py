@@ -353,10 +353,15 @@ class TracedProgram:
             jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
       except NotImplementedError as e:
         # JAX's remat refuses some effects (io_callback) inside a region.
+        sites = internals.effects_in_remat_regions(self.jaxpr.jaxpr)
+        if not sites:
+          raise
+        where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
+                          for s in sites)
         raise ValueError(
-            f"JAX cannot differentiate fn under policy {policy.name!r}: {e}. "
-            "Move side effects such as io_callback out of the remat region; "
-            "remat_toolkit.verify(fn, ...) lists them.") from None
+            f"fn cannot be differentiated: JAX refuses effects inside a remat "
+            f"region ({e}); found {where}. Move the callback out of the remat "
+            "region, or make it a jax.debug.callback.") from None
     return self._steps[key]
 
   @property

@@ -452,18 +452,8 @@ def _check_options(rtol: Any, atol: Any, seed: Any) -> None:
 def _residuals(program: analysis.TracedProgram,
                policy: Policy | _RawPolicy) -> list[analysis.Residual]:
   """The policy's residuals; an effect JAX cannot differentiate is named."""
-  try:
-    return program.residuals(policy)  # raises for offload under remat3
-  except NotImplementedError as e:
-    sites = internals.effects_in_remat_regions(program.jaxpr.jaxpr)
-    if not sites:
-      raise
-    where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
-                      for s in sites)
-    raise ValueError(
-        f"fn cannot be differentiated: JAX refuses effects inside a remat "
-        f"region ({e}); found {where}. Move the callback out of the remat "
-        "region, or make it a jax.debug.callback.") from None
+  # Raises for offload under remat3, and names effects JAX cannot differentiate.
+  return program.residuals(policy)
 
 
 def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
