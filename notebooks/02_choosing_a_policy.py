@@ -123,7 +123,7 @@ ax.set_yscale("log")
 #
 # Read the front from the left: the first point that fits your memory is the
 # policy with the least recompute you can afford. The cell below does that for
-# an example budget, a fixed share of what `save-everything` keeps; notebook
+# an example budget, 40% more than `boundary-only` keeps; notebook
 # `04_fitting_a_budget` does it properly, counting parameters and optimizer
 # state too and planning a policy for the budget rather than picking a built-in.
 #
@@ -132,7 +132,7 @@ ax.set_yscale("log")
 # `(top level)`, beside the bytes each block keeps.
 
 # %%
-budget = 0.15 * base.activation_bytes
+budget = 1.4 * comparison.reports["boundary-only"].activation_bytes
 fits = df[(df.activation_bytes <= budget) & (df.offloaded_bytes == 0)]
 choice = fits.sort_values(["recompute_flops", "activation_bytes"]).iloc[0]
 print(f"budget {budget / 2**30:.2f} GiB of activations: {choice.policy} keeps "
