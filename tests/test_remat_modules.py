@@ -5,7 +5,6 @@ The reference for what must be saved is the same model wrapped by hand: plain
 submodule outputs tagged by hand with the names ``tag_outputs`` promises.
 """
 
-import re
 import warnings
 
 import flax.linen as nn
@@ -40,21 +39,7 @@ POLICIES = sorted(HAND_WRITTEN)
 
 # ---------------------------------------------------------------- helpers
 
-def residuals(fn, *args):
-  """What is saved, as a sorted list of (shape, dtype, what) records."""
-  out = []
-  for aval, desc in internals.saved_residuals(fn, *args):
-    named = re.match(r"named '([^']+)'", desc)
-    if named:
-      what = "named " + named.group(1)
-    elif desc.startswith("from the argument"):
-      what = "argument"
-    elif desc.startswith("from a constant"):
-      what = "constant"
-    else:
-      what = "output of " + desc.split()[2]
-    out.append((tuple(aval.shape), str(aval.dtype), what))
-  return sorted(out)
+from saved_records import residuals  # noqa: E402
 
 
 def named(records):

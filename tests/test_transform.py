@@ -6,7 +6,6 @@ saved residuals equal those of the same model wrapped in plain ``nn.remat`` /
 """
 
 import functools
-import re
 import warnings
 
 import flax.linen as nn
@@ -45,21 +44,7 @@ POLICIES = sorted(HAND_WRITTEN)
 
 # ---------------------------------------------------------------- helpers
 
-def residuals(fn, *args):
-  """What is saved, as a sorted list of (shape, dtype, what) records."""
-  out = []
-  for aval, desc in internals.saved_residuals(fn, *args):
-    named = re.match(r"named '([^']+)'", desc)
-    if named:
-      what = "named " + named.group(1)
-    elif desc.startswith("from the argument"):
-      what = "argument"
-    elif desc.startswith("from a constant"):
-      what = "constant"
-    else:
-      what = "output of " + desc.split()[2]
-    out.append((tuple(aval.shape), str(aval.dtype), what))
-  return sorted(out)
+from saved_records import residuals  # noqa: E402
 
 
 def assert_trees_close(a, b):
