@@ -44,7 +44,7 @@ POLICIES = sorted(HAND_WRITTEN)
 
 # ---------------------------------------------------------------- helpers
 
-from saved_records import residuals  # noqa: E402
+from shared_helpers import cheap_init, residuals  # noqa: E402
 
 
 def assert_trees_close(a, b):
@@ -116,14 +116,6 @@ X = jax.random.normal(jax.random.key(1), (2, 4, D))
 DROPOUT_KEY = jax.random.key(7, impl="rbg")
 
 
-def cheap_init(key, shape, dtype=jnp.float32):
-  """Weights from a NumPy constant scaled by the key: traceable, like any
-  initialiser, but without the many random-number operations JAX's
-  initialisers would compile in each remat mode."""
-  base = np.random.RandomState(sum(shape)).normal(size=shape) / np.sqrt(
-      shape[0])
-  scale = 1 + (jax.random.key_data(key)[-1] % 8).astype(dtype) / 8
-  return (jnp.asarray(base, dtype) * scale).astype(dtype)
 
 
 # ---------------------------------------------------------------- linen

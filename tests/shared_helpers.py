@@ -1,6 +1,10 @@
-"""What JAX itself saves for the backward pass, as comparable records."""
+"""Helpers shared by the transform tests."""
 
 import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from remat_toolkit import _jax_internals as internals
 
@@ -20,3 +24,13 @@ def residuals(fn, *args):
       what = "output of " + desc.split()[2]
     out.append((tuple(aval.shape), str(aval.dtype), what))
   return sorted(out)
+
+
+def cheap_init(key, shape, dtype=jnp.float32):
+  """Weights from a NumPy constant scaled by the key: traceable, like any
+  initialiser, but without the many random-number operations JAX's
+  initialisers would compile in each remat mode."""
+  base = np.random.RandomState(sum(shape)).normal(size=shape) / np.sqrt(
+      shape[0])
+  scale = 1 + (jax.random.key_data(key)[-1] % 8).astype(dtype) / 8
+  return (jnp.asarray(base, dtype) * scale).astype(dtype)
