@@ -30,7 +30,8 @@ _CHILD = r"""
 import json, sys, time
 import jax
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals, models
+from remat_toolkit import _compat as compat
+from remat_toolkit import models
 config, scan, side = sys.argv[1], sys.argv[2] == "scan", sys.argv[3]
 fn, args = models.build_loss(config, scan=scan)
 if side == "jax":
@@ -38,7 +39,7 @@ if side == "jax":
     with rt.use_policy("boundary-only"):
       return fn(*a)
   start = time.perf_counter()
-  _jax_internals.saved_residuals(under_policy, *args)  # jax's private saved_residuals
+  compat.saved_residuals(under_policy, *args)  # jax's private saved_residuals
   count = 1
 else:
   start = time.perf_counter()

@@ -29,7 +29,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
+from remat_toolkit import _residuals
 from remat_toolkit import catalog
 from remat_toolkit import context
 from remat_toolkit.display import format_bytes, format_flops, html_table, text_table
@@ -301,8 +303,7 @@ class TracedProgram:
           "differentiate and no residual to analyse; pass the parameters "
           "(e.g. analyze(loss, params, batch)).")
     self._paths = paths
-    self._marker = internals.SaveOnlyTheseNames(
-        frozenset({f"__remat_toolkit_ambient_region_{id(self)}__"}))
+    self._marker = compat.policy_marker("ambient_region")
     treedef = self._treedef
 
     def flat_fn(*xs):
@@ -310,7 +311,7 @@ class TracedProgram:
 
     with context.override_ambient_regions(self._marker):
       try:
-        closed, out_shape = internals.trace_program(flat_fn, self._leaves)
+        closed, out_shape = _jaxpr.trace_program(flat_fn, self._leaves)
       except (TypeError, ValueError):
         raise
     out_leaves = jax.tree_util.tree_leaves(out_shape)
@@ -320,10 +321,10 @@ class TracedProgram:
           f"fn must return a scalar floating-point loss, got "
           f"{jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', out_shape)}; "
           "reduce it, e.g. return loss.mean().")
-    self.jaxpr = closed.replace(jaxpr=internals.share_identical_regions(
+    self.jaxpr = closed.replace(jaxpr=_jaxpr.share_identical_regions(
         closed.jaxpr, self._marker))
-    self.regions = internals.count_remat_regions(closed.jaxpr, self._marker)
-    self.forward_flops = internals.count_matmul_flops(closed.jaxpr)
+    self.regions = _jaxpr.count_remat_regions(closed.jaxpr, self._marker)
+    self.forward_flops = _jaxpr.count_matmul_flops(closed.jaxpr)
     self._root = _root_scope(closed.jaxpr)
     self._region_names = _region_name_sets(closed.jaxpr, self._marker)
     self._steps: dict[Any, tuple[Any, int]] = {}
@@ -332,7 +333,7 @@ class TracedProgram:
   @property
   def names(self) -> frozenset[str]:
     """Checkpoint names present anywhere in the program."""
-    return internals.names_in(self.jaxpr.jaxpr)
+    return _jaxpr.names_in(self.jaxpr.jaxpr)
 
   def lowered(self, policy: Policy) -> tuple[Any, ...]:
     """The JAX policy each distinct region name-set gets under ``policy``."""
@@ -340,20 +341,20 @@ class TracedProgram:
 
   def _substituted(self, policy: Policy):
     mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))
-    return internals.substitute_policy(
+    return _jaxpr.substitute_policy(
         self.jaxpr.jaxpr, self._marker, lambda names: mapping[names])
 
-  def step(self, policy: Policy) -> internals.TracedStep:
+  def step(self, policy: Policy) -> _residuals.TracedStep:
     """The traced training step under ``policy`` (cached per lowering)."""
     key = self.lowered(policy)
     if key not in self._steps:
       jaxpr = self._substituted(policy)
       try:
-        self._steps[key] = internals.trace_training_step(
+        self._steps[key] = _residuals.trace_training_step(
             jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
       except NotImplementedError as e:
         # JAX's remat refuses some effects (io_callback) inside a region.
-        sites = internals.effects_in_remat_regions(self.jaxpr.jaxpr)
+        sites = _jaxpr.effects_in_remat_regions(self.jaxpr.jaxpr)
         if not sites:
           raise
         where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
@@ -368,10 +369,10 @@ class TracedProgram:
   def baseline_step_flops(self) -> int:
     """Forward + backward FLOPs of a step with the ambient regions removed."""
     if self._baseline_flops is None:
-      if internals.remat3_enabled():
-        # remat3's everything_saveable still recomputes un-named values.
-        jaxpr = internals.inline_regions(self.jaxpr.jaxpr, self._marker)
-        step = internals.trace_training_step(jaxpr, self.jaxpr.consts,
+      if compat.remat3_enabled():
+        # jax 0.10's remat3 everything_saveable recomputes un-named values.
+        jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._marker)
+        step = _residuals.trace_training_step(jaxpr, self.jaxpr.consts,
                                              self._leaves, self.forward_flops)
       else:
         step = self.step(catalog.get_policy(_BASELINE))
@@ -380,10 +381,10 @@ class TracedProgram:
 
   def residuals(self, policy: Policy) -> list[Residual]:
     step = self.step(policy)
-    origins = internals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
     return [self._residual(o) for o in origins]
 
-  def _residual(self, o: internals.ResidualOrigin) -> Residual:
+  def _residual(self, o: _residuals.ResidualOrigin) -> Residual:
     label = ""
     path = o.module_path
     if o.kind == "argument":
@@ -396,7 +397,7 @@ class TracedProgram:
       path = _strip_root(path, self._root)
     return Residual(
         shape=tuple(int(d) for d in o.aval.shape), dtype=str(o.aval.dtype),
-        nbytes=internals.aval_nbytes(o.aval), kind=o.kind, name=o.name,
+        nbytes=_residuals.aval_nbytes(o.aval), kind=o.kind, name=o.name,
         module_path=path, primitive=o.primitive, source=o.source,
         memory_kind=o.memory_kind, stacked=o.stacked, label=label)
 
@@ -424,7 +425,7 @@ class TracedProgram:
                  if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact))
 
     def loss(*xs):
-      return internals.eval_jaxpr(jaxpr, consts, *xs)[0]
+      return compat.eval_jaxpr(jaxpr, consts, *xs)[0]
 
     compiled = jax.jit(jax.grad(loss, argnums=diff)).lower(*self._leaves).compile()
     stats = compiled.memory_analysis()
@@ -471,7 +472,7 @@ def _as_abstract(x: Any, path: str) -> Any:
 
 def _root_scope(jaxpr) -> str:
   """The model's root scope (Flax names it after the class), if all share it."""
-  firsts = {internals.module_path(e).split("/")[0].split(".")[0]
+  firsts = {_jaxpr.module_path(e).split("/")[0].split(".")[0]
             for e in jaxpr.eqns}
   firsts.discard("")
   return firsts.pop() if len(firsts) == 1 else ""
@@ -498,7 +499,7 @@ def _region_name_sets(jaxpr, marker) -> tuple[frozenset[str], ...]:
       found.append(names)
     return marker
 
-  internals.substitute_policy(jaxpr, marker, record)
+  _jaxpr.substitute_policy(jaxpr, marker, record)
   return tuple(found)
 
 
@@ -750,10 +751,9 @@ def compare(fn: Callable[..., Any], *args: Any,
   for policy in chosen:
     if policy.name in reports or policy.name in skipped:
       continue
-    if policy.offloads and internals.remat3_enabled():
-      skipped[policy.name] = ("offloads to host memory, which jax_remat3 does "
-                              "not support (it would silently recompute "
-                              "everything); run with jax_remat3 off")
+    if policy.offloads and compat.offloading_unsupported():
+      skipped[policy.name] = ("offloads to host memory, but "
+                              + compat.offloading_refusal())
       continue
     reports[policy.name] = program.report(policy, compile=compile)
   return Comparison(reports=reports, skipped=skipped, regions=program.regions)

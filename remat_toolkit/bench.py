@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
 from remat_toolkit import catalog
 from remat_toolkit import context
 from remat_toolkit.display import format_bytes, html_table, parse_bytes, text_table
@@ -408,10 +408,9 @@ def _resolve_policies(policies: Sequence[str | Policy] | None,
 def _runnable(policies: Sequence[Policy]) -> tuple[list[Policy], dict[str, str]]:
   runnable, skipped = [], {}
   for p in policies:
-    if p.offloads and internals.remat3_enabled():
-      skipped[p.name] = ("offloads to host memory, which jax_remat3 does not "
-                         "support (it would silently recompute everything); "
-                         "run with jax_remat3 off")
+    if p.offloads and compat.offloading_unsupported():
+      skipped[p.name] = ("offloads to host memory, but "
+                         + compat.offloading_refusal())
     else:
       runnable.append(p)
   return runnable, skipped
@@ -908,7 +907,7 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
       model=workload.description, steps=steps, warmup=warmup,
       backend=jax.default_backend(), device_kind=device.device_kind,
       xla_flags=os.environ.get("XLA_FLAGS", ""),
-      jax_remat3=internals.remat3_enabled(), skipped=skipped,
+      jax_remat3=compat.remat3_enabled(), skipped=skipped,
       load_average=_load_average())
 
 

@@ -39,6 +39,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+
+from remat_toolkit import _compat as compat
 from remat_toolkit import catalog
 from remat_toolkit import tags
 from remat_toolkit.policy import Policy
@@ -94,8 +97,8 @@ def _resolve(name: str) -> tuple[Policy, str]:
 
 
 def _runs_under_remat3(policy: Policy) -> bool:
-  # Offloading lowers to closures that jax_remat3 replaces by full remat.
-  return not policy.offloads
+  # Some releases' remat3 replaces offloading policies by full remat.
+  return not policy.offloads or compat.remat3_offloads()
 
 
 def _policy_record(policy: Policy, source: str) -> dict[str, Any]:
@@ -279,10 +282,10 @@ def _remat3_line(policy: Policy) -> str:
     text = ("jax_remat3: lowers to one of JAX's own policy constructors, so it "
             "behaves the same with jax_remat3 off and on.")
   else:
-    text = ("jax_remat3: CANNOT run under jax_remat3, which ignores offloading "
-            "policies and would silently recompute everything; Policy.to_jax() "
-            "raises ValueError while it is on. Use it with "
-            "jax.config.update('jax_remat3', False).")
+    text = (f"jax_remat3: CANNOT run under jax {jax.__version__}'s jax_remat3, "
+            "which ignores offloading policies and would silently recompute "
+            "everything; Policy.to_jax() raises ValueError while it is on. Use "
+            "it with jax.config.update('jax_remat3', False).")
   return textwrap.fill(text, _TEXT_WIDTH)
 
 

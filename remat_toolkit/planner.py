@@ -66,7 +66,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
 from remat_toolkit import catalog
 from remat_toolkit.analysis import ResidualReport, TracedProgram
 from remat_toolkit.display import (format_bytes, format_flops, html_table,
@@ -941,11 +941,10 @@ def _check_rates(allow_offload: Any, host_bandwidth: Any,
                  device_flops: Any) -> None:
   if not isinstance(allow_offload, bool):
     raise TypeError(f"allow_offload must be True or False, got {allow_offload!r}.")
-  if allow_offload and internals.remat3_enabled():
+  if allow_offload and compat.offloading_unsupported():
     raise ValueError(
-        "allow_offload=True needs jax_remat3 off: remat3 ignores offloading "
-        "policies and would silently recompute everything. Call "
-        "jax.config.update('jax_remat3', False) or plan without offloading.")
+        f"allow_offload=True cannot be planned: {compat.offloading_refusal()}; "
+        "or plan without offloading.")
   for label, value in (("host_bandwidth", host_bandwidth),
                        ("device_flops", device_flops)):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
@@ -1268,10 +1267,10 @@ def _frontier_named(planner: Planner, policies) -> list[FrontierPoint]:
     chosen = [catalog.get_policy(p) for p in policies]
   out = []
   for policy in chosen:
-    if policy.offloads and internals.remat3_enabled():
+    if policy.offloads and compat.offloading_unsupported():
       raise ValueError(
-          f"Policy {policy.name!r} offloads, which jax_remat3 does not "
-          "support; turn jax_remat3 off or leave it out of policies.")
+          f"Policy {policy.name!r} offloads, but {compat.offloading_refusal()}"
+          "; or leave it out of policies.")
     out.append(_point(policy.name, "named", policy, planner.measure(policy),
                       None))
   return out

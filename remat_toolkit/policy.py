@@ -7,8 +7,8 @@ implementations (``jax_remat3`` off and on).
 Example:
   >>> import remat_toolkit as rt
   >>> p = rt.Policy(name="keep-up", save=["ffn.up"])
-  >>> p.to_jax(names=["ffn.up", "ffn.down"])
-  SaveOnlyTheseNames(saveable_names=frozenset({'ffn.up'}))
+  >>> print(p.lowering(names=["ffn.up", "ffn.down"]))
+  jax.checkpoint_policies.save_only_these_names('ffn.up')
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any
 
 import jax
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
 from remat_toolkit import tags
 
-__all__ = ["Policy", "MATMUL_MODES", "MEMORY_KINDS", "normalize_name"]
+__all__ = ["Policy", "Lowering", "MATMUL_MODES", "MEMORY_KINDS",
+           "normalize_name"]
 
 #: Values of :attr:`Policy.matmuls`.
 MATMUL_MODES: dict[str, str] = {
@@ -83,8 +84,8 @@ class Policy:
 
   Example:
     >>> import remat_toolkit as rt
-    >>> rt.Policy(name="p", save=["attn.*"]).to_jax(names=["attn.q", "x"])
-    SaveOnlyTheseNames(saveable_names=frozenset({'attn.q'}))
+    >>> rt.Policy(name="p", save=["attn.*"]).lowering(names=["attn.q", "x"])
+    Lowering(constructor='save_only_these_names', args=('attn.q',))
   """
 
   name: str
@@ -174,8 +175,44 @@ class Policy:
     """Whether checkpoint name ``name`` is selected by ``save`` or ``offload``."""
     return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
 
+  def lowering(self, names: Iterable[str] | None = None) -> "Lowering":
+    """The JAX policy constructor call this policy lowers to, as data.
+
+    Args:
+      names: checkpoint names to expand glob patterns against (see
+        :meth:`expand`).
+
+    Raises:
+      ValueError: if patterns put one name in both save and offload.
+    """
+    if self.save_everything:
+      return Lowering("everything_saveable")
+    simple = {"all": "dots_saveable",
+              "no-batch": "dots_with_no_batch_dims_saveable"}
+    if self.matmuls in simple:
+      return Lowering(simple[self.matmuls])
+    if self.matmuls == "offload-no-batch":
+      return Lowering("offload_dot_with_no_batch_dims",
+                      (self.offload_src, self.offload_dst))
+    saved, offloaded = self.expand(names)
+    clash = sorted(saved & offloaded)
+    if clash:
+      raise ValueError(
+          f"Policy {self.name!r}: the names {clash} match both a save and an "
+          "offload pattern; make the patterns disjoint.")
+    if offloaded:
+      return Lowering("save_and_offload_only_these_names",
+                      (tuple(sorted(saved)), tuple(sorted(offloaded)),
+                       self.offload_src, self.offload_dst))
+    if saved:
+      return Lowering("save_only_these_names", tuple(sorted(saved)))
+    return Lowering("nothing_saveable")
+
   def to_jax(self, names: Iterable[str] | None = None) -> Any:
     """Lowers to one of JAX's own policy constructors.
+
+    Equal lowerings give the same JAX object on every supported JAX release,
+    so JAX's caches (keyed on the policy) are shared.
 
     Args:
       names: checkpoint names to expand glob patterns against (see
@@ -185,65 +222,25 @@ class Policy:
       A ``jax.checkpoint_policies`` policy.
 
     Raises:
-      ValueError: if the policy offloads and ``jax_remat3`` is on (remat3
-        ignores offloading policies and would silently recompute everything),
-        or if patterns put one name in both save and offload.
+      ValueError: if the policy offloads and this JAX's ``jax_remat3`` (on)
+        cannot offload (it would silently recompute everything), or if
+        patterns put one name in both save and offload.
     """
-    cp = jax.checkpoint_policies
-    if self.save_everything:
-      return cp.everything_saveable
-    if self.matmuls == "all":
-      return cp.dots_saveable
-    if self.matmuls == "no-batch":
-      return cp.dots_with_no_batch_dims_saveable
-    if self.matmuls == "offload-no-batch":
+    lowering = self.lowering(names)
+    if lowering.offloads:
       self._require_offload_support()
-      return cp.offload_dot_with_no_batch_dims(self.offload_src, self.offload_dst)
-    saved, offloaded = self.expand(names)
-    clash = sorted(saved & offloaded)
-    if clash:
-      raise ValueError(
-          f"Policy {self.name!r}: the names {clash} match both a save and an "
-          "offload pattern; make the patterns disjoint.")
-    if offloaded:
-      self._require_offload_support()
-      return cp.save_and_offload_only_these_names(
-          names_which_can_be_saved=sorted(saved),
-          names_which_can_be_offloaded=sorted(offloaded),
-          offload_src=self.offload_src, offload_dst=self.offload_dst)
-    if saved:
-      return cp.save_only_these_names(*sorted(saved))
-    return cp.nothing_saveable
+    return lowering.to_jax()
 
   def _require_offload_support(self) -> None:
-    if internals.remat3_enabled():
+    if compat.offloading_unsupported():
       raise ValueError(
-          f"Policy {self.name!r} offloads to host memory, but jax_remat3 is on "
-          "and it does not support offloading policies: it would silently "
-          "recompute everything instead. Turn jax_remat3 off "
-          "(jax.config.update('jax_remat3', False)) or use a policy that "
-          "saves instead of offloading.")
+          f"Policy {self.name!r} offloads to host memory, but "
+          f"{compat.offloading_refusal()}; or use a policy that saves "
+          "instead of offloading.")
 
   def describe_lowering(self, names: Iterable[str] | None = None) -> str:
     """The JAX call this policy lowers to, as source text."""
-    if self.save_everything:
-      return "jax.checkpoint_policies.everything_saveable"
-    simple = {"all": "dots_saveable", "no-batch": "dots_with_no_batch_dims_saveable"}
-    if self.matmuls in simple:
-      return f"jax.checkpoint_policies.{simple[self.matmuls]}"
-    if self.matmuls == "offload-no-batch":
-      return ("jax.checkpoint_policies.offload_dot_with_no_batch_dims("
-              f"{self.offload_src!r}, {self.offload_dst!r})")
-    saved, offloaded = self.expand(names)
-    if offloaded:
-      return ("jax.checkpoint_policies.save_and_offload_only_these_names(\n"
-              f"    names_which_can_be_saved={sorted(saved)!r},\n"
-              f"    names_which_can_be_offloaded={sorted(offloaded)!r},\n"
-              f"    offload_src={self.offload_src!r}, offload_dst={self.offload_dst!r})")
-    if saved:
-      args = ", ".join(repr(n) for n in sorted(saved))
-      return f"jax.checkpoint_policies.save_only_these_names({args})"
-    return "jax.checkpoint_policies.nothing_saveable"
+    return str(self.lowering(names))
 
   def keeps_summary(self) -> str:
     """A short phrase for tables: what stays on device."""
@@ -271,3 +268,64 @@ def _expand(patterns: tuple[str, ...], pool: frozenset[str]) -> frozenset[str]:
     else:
       out.add(p)
   return frozenset(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+  """A call of one of JAX's checkpoint-policy constructors, as data.
+
+  The same value on every JAX release, whatever object that release's
+  constructor returns (a class instance up to jax 0.11, a function from
+  0.12), so lowerings can be compared, hashed and printed.
+
+  Attributes:
+    constructor: the name in ``jax.checkpoint_policies``.
+    args: its arguments (for ``save_and_offload_only_these_names``: saved
+      names, offloaded names, source and destination memory kinds).
+
+  Example:
+    >>> import remat_toolkit as rt
+    >>> print(rt.Policy(name="p", matmuls="all").lowering())
+    jax.checkpoint_policies.dots_saveable
+  """
+
+  constructor: str
+  args: tuple = ()
+
+  def to_jax(self) -> Any:
+    """The JAX policy object (one object per distinct lowering)."""
+    return compat.jax_policy(self.constructor, *self.args)
+
+  @property
+  def saved_names(self) -> frozenset[str]:
+    """Checkpoint names kept on device (empty for non-name policies)."""
+    if self.constructor == "save_only_these_names":
+      return frozenset(self.args)
+    if self.constructor == "save_and_offload_only_these_names":
+      return frozenset(self.args[0])
+    return frozenset()
+
+  @property
+  def offloads(self) -> bool:
+    """Whether the JAX policy moves residuals to host memory."""
+    return self.constructor in ("offload_dot_with_no_batch_dims",
+                                "save_and_offload_only_these_names")
+
+  @property
+  def offloaded_names(self) -> frozenset[str]:
+    """Checkpoint names moved to host memory."""
+    if self.constructor == "save_and_offload_only_these_names":
+      return frozenset(self.args[1])
+    return frozenset()
+
+  def __str__(self) -> str:
+    call = f"jax.checkpoint_policies.{self.constructor}"
+    if self.constructor == "save_and_offload_only_these_names":
+      saved, offloaded, src, dst = self.args
+      return (f"{call}(\n"
+              f"    names_which_can_be_saved={list(saved)!r},\n"
+              f"    names_which_can_be_offloaded={list(offloaded)!r},\n"
+              f"    offload_src={src!r}, offload_dst={dst!r})")
+    if self.args or self.constructor in ("save_only_these_names",):
+      return f"{call}({', '.join(repr(a) for a in self.args)})"
+    return call

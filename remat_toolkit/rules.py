@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 
+from remat_toolkit import _compat as compat
 from remat_toolkit import tags
 from remat_toolkit import transform
 
@@ -159,11 +160,10 @@ def _open_region(state: _LinenCall, module: Any, path: tuple[str, ...],
                  policy: Any, args: tuple, kwargs: dict) -> Any:
   """Calls ``module`` through a lifted remat; its clone re-enters the
   interceptor, which then runs the body with the region active."""
-  from flax.linen import transforms as linen_transforms
   call = type(module).__call__
   where = _region_name("/".join(path), type(module).__name__)
   spec = transform._spec_for(call, policy, True, (), where, method=True)
-  lifted = linen_transforms.decorator_lift_transform(
+  lifted = compat.linen_decorator_lift_transform(
       transform._linen_transform, call, spec=spec)
   state.entering = path
   try:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _residuals
 
 __all__ = ["device_count", "per_device_activation_bytes", "shard_nbytes"]
 
@@ -56,7 +56,7 @@ def shard_nbytes(shape: Sequence[int], dtype: Any, sharding: Any) -> int:
 
 
 def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
-                                step: internals.TracedStep
+                                step: _residuals.TracedStep
                                 ) -> tuple[int, int | None]:
   """``(devices, bytes)``: device activation bytes held by one device.
 
@@ -73,13 +73,13 @@ def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
   devices = device_count(leaves)
   if devices <= 1:
     return 1, None
-  jaxpr = step.jaxpr
-  variables = internals.residual_vars(jaxpr, 1, step.num_residuals)
-  if len(variables) != len(residuals):
+  origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+  if len(origins) != len(residuals):
     raise RuntimeError(  # an internal inconsistency, not a user mistake
-        f"residual_vars found {len(variables)} residuals where the analyzer "
-        f"found {len(residuals)}; please report this.")
-  shardings = internals.residual_shardings(jaxpr, variables, list(leaves))
+        f"the step has {len(origins)} residuals where the analyzer found "
+        f"{len(residuals)}; please report this.")
+  shardings = _residuals.residual_shardings(
+      step.jaxpr, [o.var for o in origins], list(leaves))
   total = 0
   for residual, sharding in zip(residuals, shardings, strict=True):
     if residual.kind != "activation" or residual.memory_kind != "device":

@@ -35,7 +35,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
 from remat_toolkit import context
 from remat_toolkit import tags
 from remat_toolkit.policy import Policy
@@ -200,7 +201,7 @@ def _discover(body: Callable[..., Any], inputs: tuple
   closed, out_shape = jax.make_jaxpr(
       lambda *xs: body(*jax.tree_util.tree_unflatten(in_tree, xs)),
       return_shape=True)(*leaves)
-  names = internals.names_in(closed.jaxpr)
+  names = _jaxpr.names_in(closed.jaxpr)
   return names, _replay(closed, jax.tree_util.tree_structure(out_shape))
 
 
@@ -208,7 +209,7 @@ def _replay(closed: Any, out_tree: Any) -> Callable[..., Any]:
   """Re-emits a traced region without running the model's Python again."""
 
   def replayed(*inputs):
-    outs = internals.eval_jaxpr(closed.jaxpr, closed.consts,
+    outs = compat.eval_jaxpr(closed.jaxpr, closed.consts,
                                 *jax.tree_util.tree_leaves(inputs))
     return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -225,8 +226,6 @@ def _linen_transform(scope_target: Callable[..., Any], *, spec: _RegionSpec
   region is a pure function: discovering its names has no side effect on
   the outer scope, and dropout draws the same keys in the recompute.
   """
-  from flax.core import lift  # local: linen is optional for plain functions
-
   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs):
     def pure(variable_groups_, rng_groups_, *args_, **kwargs_):
       scope = scope_fn(variable_groups_, rng_groups_)
@@ -236,8 +235,7 @@ def _linen_transform(scope_target: Callable[..., Any], *, spec: _RegionSpec
     return _checkpoint_pure(pure, spec, (variable_groups, rng_groups),
                             args, kwargs)
 
-  return lift.pack(inner, (True,), (True,), (True,), name="remat",
-                   enable_kwargs=True)
+  return compat.flax_lift_pack(inner, name="remat")
 
 
 # Flax names a lifted class ``transform.__name__.capitalize() + cls.__name__``;
@@ -367,8 +365,7 @@ def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
     nonlocal lifted_linen
     if args and _is_linen_module(args[0]):
       if lifted_linen is None:
-        from flax.linen import transforms as linen_transforms
-        lifted_linen = linen_transforms.decorator_lift_transform(
+        lifted_linen = compat.linen_decorator_lift_transform(
             _linen_transform, fn, spec=spec)
       return lifted_linen(*args, **kwargs)
     nnx_call = args and _is_nnx_node(args[0])
@@ -440,8 +437,7 @@ def remat(target: Any = None, policy: Any = None, *,
   if _is_linen_class(target):
     cls = target.func if isinstance(target, functools.partial) else target
     spec = _spec_for(cls.__call__, policy, cse, static, where, method=True)
-    from flax.linen import transforms as linen_transforms
-    return linen_transforms.lift_transform(_linen_transform, target, spec=spec)
+    return compat.linen_lift_transform(_linen_transform, target, spec=spec)
   if _is_nnx_class(target):
     call = remat(target.__call__, policy, static_argnums=static,
                  prevent_cse=cse)

@@ -4,7 +4,7 @@
 
 * **Gradients**: are they the gradients of the same program with no remat at
   all? The reference inlines every remat region (what "without remat" means
-  under both remat implementations: under ``jax_remat3`` JAX's
+  under both remat implementations: under jax 0.10's ``jax_remat3``,
   ``everything_saveable`` still recomputes un-named values, so it is no
   baseline).
 * **No-op**: does the policy keep exactly what ``save-everything`` or
@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
 from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit import context
@@ -346,7 +347,7 @@ def _no_op(program: analysis.TracedProgram, policy: Policy | _RawPolicy,
   if not _names_something(policy) or program.regions == 0:
     return None
   # Nothing first: where save-everything keeps no more than region inputs
-  # (remat3's everything_saveable recomputes un-named values), a policy
+  # (jax 0.10's remat3 everything_saveable recomputes un-named values), a policy
   # that names tensors and keeps none of them is still a no-op.
   if kept == _residual_signature(program.residuals(catalog.get_policy(_NOTHING))):
     return _NOTHING
@@ -361,8 +362,8 @@ def _leaves_out(policy: Policy | _RawPolicy, present: frozenset[str]) -> bool:
   """Whether the policy means to leave out something the regions contain.
 
   Keeping what save-everything keeps is the policy's job when it selects
-  every checkpoint name present (remat3's everything_saveable keeps only
-  named values); it is a no-op when the policy excludes something.
+  every checkpoint name present (jax 0.10's remat3 everything_saveable keeps
+  only named values); it is a no-op when the policy excludes something.
   """
   if isinstance(policy, _RawPolicy):
     saveable = getattr(policy.jax_policy, "saveable_names", None)
@@ -374,7 +375,7 @@ def _leaves_out(policy: Policy | _RawPolicy, present: frozenset[str]) -> bool:
 
 def _effect_warnings(program: analysis.TracedProgram) -> list[str]:
   out = []
-  for site in internals.effects_in_remat_regions(program.jaxpr.jaxpr):
+  for site in _jaxpr.effects_in_remat_regions(program.jaxpr.jaxpr):
     where = site.source or site.module_path or "the traced function"
     text = (f"{site.primitive} at {where} is inside a remat region: it runs "
             "in the forward pass and again each time the backward pass "
@@ -399,8 +400,8 @@ def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
     return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
   with context.override_ambient_regions(program._marker):
-    second, _ = internals.trace_program(flat_fn, program._leaves)
-  difference = internals.trace_difference(program.jaxpr, second)
+    second, _ = _jaxpr.trace_program(flat_fn, program._leaves)
+  difference = _jaxpr.trace_difference(program.jaxpr, second)
   if difference is None:
     return None
   return (f"fn traced differently the second time ({difference}): it reads "
@@ -410,18 +411,18 @@ def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
 
 
 def _remat3_warning(policy: Policy | _RawPolicy) -> str | None:
-  if (isinstance(policy, _RawPolicy) and internals.remat3_enabled()
-      and not internals.remat3_honours(policy.jax_policy)):
-    return (f"jax_remat3 is on and does not honour the JAX policy "
-            f"{policy.name!r} (only JAX's own policy classes, "
-            "everything_saveable and nothing_saveable): every region "
+  if (isinstance(policy, _RawPolicy) and compat.remat3_enabled()
+      and not compat.remat3_honours(policy.jax_policy)):
+    return (f"jax_remat3 is on and jax {jax.__version__}'s remat3 does not "
+            f"honour the JAX policy {policy.name!r} (only JAX's own policy "
+            "classes, everything_saveable and nothing_saveable): every region "
             "recomputes everything; use a named remat_toolkit policy.")
   return None
 
 
 def _region_warnings(program: analysis.TracedProgram, explicit: bool,
                      policy_name: str) -> list[str]:
-  if internals.count_remat_regions(program.jaxpr.jaxpr) == 0:
+  if _jaxpr.count_remat_regions(program.jaxpr.jaxpr) == 0:
     return ["fn has no remat region at all, so nothing is recomputed and "
             "there is nothing to verify; wrap blocks with remat_toolkit.remat "
             "or remat_toolkit.remat_modules."]
@@ -498,10 +499,10 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
       warnings.append(extra)
   warnings.extend(_effect_warnings(program))
 
-  default = default_tolerances(internals.float_dtypes_in(program.jaxpr.jaxpr))
+  default = default_tolerances(_jaxpr.float_dtypes_in(program.jaxpr.jaxpr))
   rtol = default[0] if rtol is None else float(rtol)
   atol = default[1] if atol is None else float(atol)
-  reference, left = internals.strip_remat(program.jaxpr.jaxpr)
+  reference, left = _jaxpr.strip_remat(program.jaxpr.jaxpr)
   reference_text = "the same program with every remat region inlined"
   if left:
     reference_text += (f" ({left} region(s) that captured constants kept "
@@ -554,7 +555,7 @@ def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
       return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
   def reference_loss(*xs):
-    return internals.eval_jaxpr(reference, program.jaxpr.consts, *xs)[0]
+    return compat.eval_jaxpr(reference, program.jaxpr.consts, *xs)[0]
 
   try:
     loss, grads = _compiled_value_and_grad(remat_loss, leaves, diff_idx)

@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
 
 
 def residuals(fn, *args):
   """What is saved, as a sorted list of (shape, dtype, what) records."""
   out = []
-  for aval, desc in internals.saved_residuals(fn, *args):
+  for aval, desc in compat.saved_residuals(fn, *args):
     named = re.match(r"named '([^']+)'", desc)
     if named:
       what = "named " + named.group(1)

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
 from remat_toolkit import analysis
 from remat_toolkit import cli
 from remat_toolkit import models
@@ -73,10 +73,10 @@ def test_gpt_flops_match_hand_arithmetic(remat_mode):
 
 def test_identical_layers_share_one_body_without_changing_the_report():
   fn, args = models.build_loss(models.get_config("tiny", num_layers=4), scan=False)
-  with internals.remat3(False):
+  with compat.remat3(False):
     program = analysis.TracedProgram(fn, args)
     bodies = {id(e.params["jaxpr"]) for e in program.jaxpr.jaxpr.eqns
-              if e.primitive is internals.remat_p}
+              if e.primitive is compat.remat_p}
     assert program.regions == 4 and len(bodies) == 1
     shared = program.report(rt.get_policy("save-attention"))
     with mock.patch.object(internals, "share_identical_regions", lambda j, m: j):

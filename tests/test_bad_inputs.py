@@ -191,7 +191,7 @@ CASES = [
     Case("verify", "an offloading policy under jax_remat3",
          lambda: _under_remat3(lambda: rt.verify(
              good_loss, W, X, policy="offload-qkv", check_values=False)),
-         ValueError, (r"'offload-qkv'", r"jax_remat3', False")),
+         ValueError, (r"'offload-qkv'", r"jax 0\.", r"jax_remat3', False")),
     # ---- budgets
     Case("plan", "budget='lots'",
          lambda: rt.plan(good_loss, W, X, budget="lots"), ValueError,
@@ -244,8 +244,10 @@ CASES = [
 
 
 def _under_remat3(call):
-  from remat_toolkit import _jax_internals as internals
-  with internals.remat3(True):
+  from remat_toolkit import _compat as compat
+  if compat.remat3_offloads():
+    pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
+  with compat.remat3(True):
     return call()
 
 

@@ -8,7 +8,8 @@ import optax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _residuals
 from remat_toolkit import context
 
 S = jax.ShapeDtypeStruct
@@ -86,8 +87,8 @@ def test_activations_are_the_analyzers(remat_mode):
     with context.override_ambient_regions(by_hand):
       return loss(p, x)
 
-  found = internals.saved_residuals(fn_by_hand, PARAMS, batch(32))
-  assert b.activation_bytes == sum(internals.aval_nbytes(a) for a, d in found
+  found = compat.saved_residuals(fn_by_hand, PARAMS, batch(32))
+  assert b.activation_bytes == sum(_residuals.aval_nbytes(a) for a, d in found
                                    if "from the argument" not in d)
   assert b.boundary_only_bytes < b.activation_bytes < b.save_everything_bytes
 

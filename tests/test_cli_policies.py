@@ -194,6 +194,7 @@ def _subprocess_env():
   return env
 
 
+@pytest.mark.slow
 def test_installed_console_script_lists_the_catalogue():
   result = subprocess.run([_console_script(), "list"], capture_output=True,
                           text=True, timeout=120, env=_subprocess_env())
@@ -202,6 +203,7 @@ def test_installed_console_script_lists_the_catalogue():
     assert f"\n{name} " in result.stdout
 
 
+@pytest.mark.slow
 def test_python_dash_m_and_exit_status():
   result = subprocess.run(
       [sys.executable, "-m", "remat_toolkit", "show", "no-such-policy"],

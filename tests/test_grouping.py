@@ -19,7 +19,9 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
+from remat_toolkit import _residuals
 from remat_toolkit.grouping import group_size
 
 CP = jax.checkpoint_policies
@@ -43,7 +45,7 @@ def _quick_compiles():
 def residual_kinds(fn, *args) -> list[tuple[str, str]]:
   """Sorted ``(aval, kind)`` per residual; kind: argument, a name, computed."""
   out = []
-  for aval, desc in internals.saved_residuals(fn, *args):
+  for aval, desc in compat.saved_residuals(fn, *args):
     if "from the argument" in desc:
       kind = ARG
     elif "named '" in desc:
@@ -63,8 +65,8 @@ def value_and_grad(fn):
 
 
 def computed_bytes(fn, *args) -> int:
-  return sum(internals.aval_nbytes(aval)
-             for aval, desc in internals.saved_residuals(fn, *args)
+  return sum(_residuals.aval_nbytes(aval)
+             for aval, desc in compat.saved_residuals(fn, *args)
              if "from the argument" not in desc)
 
 
@@ -266,11 +268,11 @@ def test_linen_chain_names_regions_in_module_paths():
   params = chain_params()
   jaxpr = jax.make_jaxpr(lambda p: Chain(group=2).apply({"params": p}, x))(
       params).jaxpr
-  regions = [e for e in jaxpr.eqns if internals.is_remat(e)]
+  regions = [e for e in jaxpr.eqns if compat.is_remat(e)]
   assert len(regions) == 2
-  paths = sorted({internals.module_path(e)
-                  for e in internals.remat_body_of(regions[1]).eqns
-                  if internals.checkpoint_name_of(e) == "ffn.up"})
+  paths = sorted({_jaxpr.module_path(e)
+                  for e in compat.remat_body_of(regions[1]).eqns
+                  if compat.checkpoint_name_of(e) == "ffn.up"})
   assert paths == ["Chain.remat_group_1/layers_2", "Chain.remat_group_1/layers_3"]
 
 

@@ -11,7 +11,8 @@ import optax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
 from remat_toolkit import models
 
 BLOCK_TAGS = frozenset(rt.VOCABULARY) - {"attn.qkv"}
@@ -130,9 +131,9 @@ def test_build_loss_overrides():
 
 def remat_bodies(jaxpr):
   for eqn in jaxpr.eqns:
-    if internals.is_remat(eqn):
-      yield internals.remat_body_of(eqn)
-    for sub in internals.sub_jaxprs(eqn):
+    if compat.is_remat(eqn):
+      yield compat.remat_body_of(eqn)
+    for sub in _jaxpr.sub_jaxprs(eqn):
       yield from remat_bodies(sub)
 
 
@@ -146,7 +147,7 @@ def test_every_tag_is_inside_each_remat_region(framework, config, scan):
   bodies = list(remat_bodies(jaxpr))
   assert len(bodies) == (1 if scan else models.get_config(config).num_layers)
   for body in bodies:
-    assert internals.names_in(body) == expected
+    assert _jaxpr.names_in(body) == expected
 
 
 def test_no_remat_baseline_has_no_region():
@@ -154,15 +155,15 @@ def test_no_remat_baseline_has_no_region():
     loss_fn, args = models.build_loss("tiny", scan=scan, remat=False)
     jaxpr = jax.make_jaxpr(loss_fn)(*args).jaxpr
     assert list(remat_bodies(jaxpr)) == []
-    assert internals.names_in(jaxpr) >= BLOCK_TAGS - {"ffn.gate"}
+    assert _jaxpr.names_in(jaxpr) >= BLOCK_TAGS - {"ffn.gate"}
 
 
 def tag_paths(jaxpr, name):
   paths = set()
   for eqn in jaxpr.eqns:
-    if internals.checkpoint_name_of(eqn) == name:
-      paths.add(internals.module_path(eqn))
-    for sub in internals.sub_jaxprs(eqn):
+    if compat.checkpoint_name_of(eqn) == name:
+      paths.add(_jaxpr.module_path(eqn))
+    for sub in _jaxpr.sub_jaxprs(eqn):
       paths |= tag_paths(sub, name)
   return paths
 
@@ -180,7 +181,7 @@ def test_linen_module_paths(scan, group, expected):
 def test_policy_selects_tagged_tensors():
   loss_fn, args = models.build_loss("tiny")
   with rt.use_policy("save-ffn"):
-    saved = [d for _, d in internals.saved_residuals(loss_fn, *args)]
+    saved = [d for _, d in compat.saved_residuals(loss_fn, *args)]
   names = sorted(d.split("'")[1] for d in saved if "named '" in d)
   # ffn.down may be kept but the backward pass never needs it (a residual
   # add follows); block.output is the second region's input.
@@ -278,6 +279,6 @@ def test_boundary_only_keeps_one_input_per_region():
   for group, regions in ((1, 4), (2, 2), (4, 1)):
     cfg = models.get_config("tiny", num_layers=4)
     loss_fn, args = models.build_loss(cfg, group=group)
-    saved = internals.saved_residuals(loss_fn, *args)
+    saved = compat.saved_residuals(loss_fn, *args)
     boundaries = [d for _, d in saved if "named 'block.output'" in d]
     assert len(boundaries) == regions - 1  # + the embedding output

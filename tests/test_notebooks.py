@@ -24,6 +24,9 @@ from ipykernel.kernelspec import write_kernel_spec  # noqa: E402
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 from jupyter_client.manager import KernelManager  # noqa: E402
 
+# Slow and mode-independent: CI runs it once per leg.
+pytestmark = pytest.mark.slow
+
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL_NAME = "remat-toolkit-tests"
 

@@ -14,7 +14,9 @@ import jax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
+from remat_toolkit import _residuals
 from remat_toolkit import models
 
 verify_module = importlib.import_module("remat_toolkit.verify")
@@ -33,7 +35,7 @@ CONFIG = models.get_config("tiny", num_layers=2, d_model=16, num_heads=2,
 
 @pytest.fixture(autouse=True)
 def _remat2():
-  with internals.remat3(False):
+  with compat.remat3(False):
     yield
 
 
@@ -78,8 +80,8 @@ def test_the_gradient_really_moves_residuals_to_host(policy):
     step = jax.make_jaxpr(jax.value_and_grad(fn))(*args)
   with rt.use_policy(SAVING_TWIN[policy]):
     kept = jax.make_jaxpr(jax.value_and_grad(fn))(*args)
-  assert internals.count_host_offloads(step.jaxpr) > 0
-  assert internals.count_host_offloads(kept.jaxpr) == 0
+  assert _jaxpr.count_host_offloads(step.jaxpr) > 0
+  assert _jaxpr.count_host_offloads(kept.jaxpr) == 0
 
 
 def jax_host_and_device_bytes(fn, args, policy):
@@ -87,13 +89,13 @@ def jax_host_and_device_bytes(fn, args, policy):
     with rt.use_policy(policy):
       return fn(*a)
   host = device = 0
-  for aval, desc in internals.saved_residuals(under, *args):
+  for aval, desc in compat.saved_residuals(under, *args):
     if "from the argument" in desc:
       continue
     if "<host>" in str(aval):
-      host += internals.aval_nbytes(aval)
+      host += _residuals.aval_nbytes(aval)
     else:
-      device += internals.aval_nbytes(aval)
+      device += _residuals.aval_nbytes(aval)
   return host, device
 
 
@@ -122,7 +124,7 @@ def test_report_counts_offloaded_residuals_as_host_bytes(policy, framework):
 @pytest.mark.parametrize("policy", OFFLOADING)
 def test_offloading_under_remat3_raises_a_clear_error(policy):
   fn, args = models.build_loss(CONFIG)
-  with internals.remat3(True):
+  with compat.remat3(True):
     with pytest.raises(ValueError, match=rf"{policy}.*jax_remat3.*silently"):
       rt.analyze(fn, *args, policy=policy)
     with pytest.raises(ValueError, match=r"jax_remat3"):

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _residuals
 from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit import context
@@ -82,7 +83,7 @@ def every_choice(*, offload=False):
   alternatives, each measured by the analyzer (cached per remat mode).
 
   With ``offload``, of the three-name ``small_loss`` (3**3 choices)."""
-  key = (internals.remat3_enabled(), offload)
+  key = (compat.remat3_enabled(), offload)
   if key not in _MEASURED:
     fn, args, names = ((small_loss, SMALL_ARGS, ("u", "s", "o")) if offload
                        else (loss, ARGS, NAMES))
@@ -169,15 +170,15 @@ def test_plan_saves_what_jax_saves_for_the_same_names(remat_mode):
     with context.override_ambient_regions(by_hand):
       return loss(params, x)
 
-  found = internals.saved_residuals(fn_by_hand, *ARGS)
-  jax_bytes = sum(internals.aval_nbytes(a) for a, d in found
+  found = compat.saved_residuals(fn_by_hand, *ARGS)
+  jax_bytes = sum(_residuals.aval_nbytes(a) for a, d in found
                   if "from the argument" not in d)
   assert p.activation_bytes == jax_bytes
   saved_names = {r.name for r in p.report.activations if r.name}
   assert saved_names <= set(kept)
   # Under the plan as ambient policy, the model keeps exactly that.
   with rt.use_policy(p.policy):
-    ambient = internals.saved_residuals(loss, *ARGS)
+    ambient = compat.saved_residuals(loss, *ARGS)
   assert sorted(map(str, found)) == sorted(map(str, ambient))
 
 
@@ -267,13 +268,12 @@ def test_names_with_glob_characters_are_matched_literally(remat_mode):
   p = rt.plan(fn, *args, budget=base + B * H * 4)
   assert p.decisions == {"mlp[0]*": "save", "mlp0x": "recompute"}
   assert p.policy.save == ("mlp[[]0][*]",)
-  assert p.policy.to_jax(["mlp[0]*", "mlp0x"]) == (
-      jax.checkpoint_policies.save_only_these_names("mlp[0]*"))
+  assert p.policy.lowering(["mlp[0]*", "mlp0x"]).saved_names == {"mlp[0]*"}
   assert {r.name for r in p.report.activations if r.name} == {"mlp[0]*"}
 
 
 def test_offload_is_a_third_choice_costed_by_bandwidth():
-  with internals.remat3(False):
+  with compat.remat3(False):
     program = analysis.TracedProgram(small_loss, SMALL_ARGS)
     lo = program.report(rt.get_policy("boundary-only")).activation_bytes
     transfer = 1e-3  # FLOP-equivalents per byte moved: offloading is cheap
@@ -291,12 +291,12 @@ def test_offload_is_a_third_choice_costed_by_bandwidth():
 
 
 def test_option_errors():
-  with internals.remat3(True):
+  with compat.remat3(True):
     with pytest.raises(ValueError, match="jax_remat3"):
       rt.plan(loss, *ARGS, budget="1MiB", allow_offload=True)
   with pytest.raises(ValueError, match="allow_offload"):
     rt.plan(loss, *ARGS, budget="1MiB", host_budget="1GiB")
-  with internals.remat3(False), pytest.raises(ValueError, match="host_bandwidth"):
+  with compat.remat3(False), pytest.raises(ValueError, match="host_bandwidth"):
     rt.plan(loss, *ARGS, budget="1MiB", allow_offload=True, host_bandwidth=0)
   with pytest.raises(ValueError, match="no remat region"):
     rt.plan(lambda w, x: (x @ w).sum(), S((D, D), jnp.float32),

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
 from remat_toolkit import catalog
-from remat_toolkit.policy import MATMUL_MODES
+from remat_toolkit.policy import MATMUL_MODES, Lowering
 
 cp = jax.checkpoint_policies
 
@@ -90,38 +90,54 @@ def test_offloads_and_matches():
 # ------------------------------------------------------------ lowering
 
 
-def test_to_jax_for_each_matmuls_mode(remat_mode):
-  lowered = {mode: rt.Policy(name="p", matmuls=mode) for mode in MATMUL_MODES}
-  assert lowered["none"].to_jax() is cp.nothing_saveable
-  assert lowered["all"].to_jax() == cp.dots_saveable
-  assert (lowered["no-batch"].to_jax()
-          == cp.dots_with_no_batch_dims_saveable)
-  assert lowered["all"].to_jax() != lowered["no-batch"].to_jax()
-  if remat_mode:
+def test_lowering_for_each_matmuls_mode(remat_mode):
+  policies = {mode: rt.Policy(name="p", matmuls=mode) for mode in MATMUL_MODES}
+  assert policies["none"].lowering() == Lowering("nothing_saveable")
+  assert policies["all"].lowering() == Lowering("dots_saveable")
+  assert (policies["no-batch"].lowering()
+          == Lowering("dots_with_no_batch_dims_saveable"))
+  assert policies["none"].to_jax() is cp.nothing_saveable
+  assert policies["all"].to_jax() is cp.dots_saveable
+  assert policies["no-batch"].to_jax() is cp.dots_with_no_batch_dims_saveable
+  offload = policies["offload-no-batch"]
+  assert offload.lowering() == Lowering("offload_dot_with_no_batch_dims",
+                                        ("device", "pinned_host"))
+  if compat.offloading_unsupported():
     with pytest.raises(ValueError, match="jax_remat3"):
-      lowered["offload-no-batch"].to_jax()
+      offload.to_jax()
   else:
-    offload = lowered["offload-no-batch"].to_jax()
-    assert offload.__qualname__.startswith("offload_dot_with_no_batch_dims.")
+    assert offload.to_jax() is compat.jax_policy(
+        "offload_dot_with_no_batch_dims", "device", "pinned_host")
+
+
+def test_equal_lowerings_give_one_jax_object_on_every_release():
+  # jax 0.12's constructors return a fresh closure per call; JAX's caches
+  # and the analyzer's are keyed on the policy object.
+  a = rt.Policy(name="a", save=["ffn.up", "attn.q"]).to_jax()
+  b = rt.Policy(name="b", save=["attn.q", "ffn.up"]).to_jax()
+  assert a is b
+  assert a is not rt.Policy(name="c", save=["attn.q"]).to_jax()
 
 
 def test_save_everything_and_save_names_lowering():
   assert (rt.Policy(name="p", save_everything=True).to_jax()
           is cp.everything_saveable)
-  assert (rt.Policy(name="p", save=["ffn.up", "attn.q"]).to_jax()
-          == cp.save_only_these_names("attn.q", "ffn.up"))
+  assert (rt.Policy(name="p", save=["ffn.up", "attn.q"]).lowering()
+          == Lowering("save_only_these_names", ("attn.q", "ffn.up")))
 
 
 def test_offload_lowers_to_save_and_offload(remat_mode):
   p = rt.Policy(name="p", save=["attn.k"], offload=["attn.q"],
                 offload_dst="unpinned_host")
-  if remat_mode:
-    with pytest.raises(ValueError, match="jax_remat3"):
-      p.to_jax()
-    return
-  lowered = p.to_jax()
-  assert lowered.__qualname__.startswith("save_and_offload_only_these_names.")
+  assert p.lowering() == Lowering(
+      "save_and_offload_only_these_names",
+      (("attn.k",), ("attn.q",), "device", "unpinned_host"))
   assert "unpinned_host" in p.describe_lowering()
+  if compat.offloading_unsupported():
+    with pytest.raises(ValueError, match=f"jax {jax.__version__}"):
+      p.to_jax()
+  else:
+    assert p.to_jax() is p.lowering().to_jax()
 
 
 def test_globs_expand_against_the_given_names():
@@ -131,22 +147,21 @@ def test_globs_expand_against_the_given_names():
   saved, offloaded = p.expand(names)
   assert saved == {"attn.q", "attn.k", "ffn.up", "ffn.down", "mlpwi_0"}
   assert offloaded == frozenset()
-  assert p.to_jax(names) == cp.save_only_these_names(*saved)
+  assert p.lowering(names).saved_names == saved
 
 
 def test_exact_names_are_kept_even_when_absent_from_names():
   p = rt.Policy(name="p", save=["my.tensor", "attn.*"])
-  assert p.to_jax(names=[]) == cp.save_only_these_names("my.tensor")
-  assert p.to_jax(names=["attn.v"]) == cp.save_only_these_names(
-      "attn.v", "my.tensor")
+  assert p.lowering(names=[]).saved_names == {"my.tensor"}
+  assert p.lowering(names=["attn.v"]).saved_names == {"attn.v", "my.tensor"}
 
 
 def test_default_names_are_the_vocabulary_and_maxtext_names():
-  lowered = rt.Policy(name="p", save=["ffn.*", "mlpwi*"]).to_jax()
+  saved = rt.Policy(name="p", save=["ffn.*", "mlpwi*"]).lowering().saved_names
   expected = {n for n in rt.VOCABULARY if n.startswith("ffn.")}
   expected |= {n for n in rt.MAXTEXT_NAMES if n.startswith("mlpwi")}
-  assert expected <= lowered.saveable_names
-  assert all(n.startswith(("ffn.", "mlpwi")) for n in lowered.saveable_names)
+  assert expected <= saved
+  assert all(n.startswith(("ffn.", "mlpwi")) for n in saved)
 
 
 def test_patterns_matching_nothing_keep_nothing():
@@ -160,8 +175,7 @@ def test_pattern_clash_between_save_and_offload(remat_mode):
                                        r"offload"):
     p.to_jax(names=["attn.q", "attn.k"])
   # Without attn.q present only the exact name is offloaded: no clash.
-  if not remat_mode:
-    p.to_jax(names=["attn.k"])
+  assert p.lowering(names=["attn.k"]).offloaded_names == {"attn.q"}
 
 
 @settings(max_examples=50, deadline=None)
@@ -169,24 +183,18 @@ def test_pattern_clash_between_save_and_offload(remat_mode):
        pool=st.sets(st.sampled_from(sorted(rt.VOCABULARY)
                                     + list(rt.MAXTEXT_NAMES))))
 def test_exact_names_lower_to_themselves(exact, pool):
-  lowered = rt.Policy(name="p", save=sorted(exact)).to_jax(pool)
-  assert lowered.saveable_names == exact
+  lowered = rt.Policy(name="p", save=sorted(exact)).lowering(pool)
+  assert lowered.saved_names == exact
 
 
 # ------------------------------------------------------------ only JAX's own
 
 
-_OWN_CONSTRUCTORS = ("save_and_offload_only_these_names.",
-                     "offload_dot_with_no_batch_dims.")
-
-
-def _is_jax_constructor(lowered):
-  if lowered is cp.nothing_saveable or lowered is cp.everything_saveable:
-    return True
-  if isinstance(lowered, (internals.SaveOnlyTheseNames,
-                          internals.DotsSaveable)):
-    return True
-  return getattr(lowered, "__qualname__", "").startswith(_OWN_CONSTRUCTORS)
+_JAX_CONSTRUCTORS = ("everything_saveable", "nothing_saveable",
+                     "dots_saveable", "dots_with_no_batch_dims_saveable",
+                     "save_only_these_names",
+                     "save_and_offload_only_these_names",
+                     "offload_dot_with_no_batch_dims")
 
 
 @pytest.mark.parametrize("policy", _builtins(), ids=lambda p: p.name)
@@ -194,32 +202,37 @@ def test_builtins_lower_only_to_jax_constructors(policy, monkeypatch):
   def stub(*names):
     raise AssertionError("lowered to save_anything_except_these_names")
   monkeypatch.setattr(cp, "save_anything_except_these_names", stub)
-  with internals.remat3(False):
-    lowered = policy.to_jax()
-  assert _is_jax_constructor(lowered)
-  assert "save_anything_except_these_names" not in repr(lowered)
+  lowering = policy.lowering()
+  assert lowering.constructor in _JAX_CONSTRUCTORS
+  with compat.remat3(False):
+    assert policy.to_jax() is compat.jax_policy(lowering.constructor,
+                                                *lowering.args)
 
 
 @pytest.mark.parametrize("policy", [p for p in _builtins() if not p.offloads],
                          ids=lambda p: p.name)
 def test_builtins_that_save_keep_their_meaning_under_remat3(policy):
-  with internals.remat3(True):
-    assert internals.remat3_honours(policy.to_jax())
+  with compat.remat3(True):
+    assert compat.remat3_honours(policy.to_jax())
 
 
 @pytest.mark.parametrize("policy", [p for p in _builtins() if not p.offloads],
                          ids=lambda p: p.name)
 def test_describe_lowering_is_what_to_jax_returns(policy):
   described = eval(policy.describe_lowering(), {"jax": jax})  # noqa: S307
-  assert described == policy.to_jax()
+  lowered = policy.to_jax()
+  aval = jax.core.ShapedArray((2,), jax.numpy.float32)
+  for name in sorted(rt.VOCABULARY | set(rt.MAXTEXT_NAMES)):
+    assert (described(compat.name_p, aval, name=name)
+            == lowered(compat.name_p, aval, name=name)), name
 
 
 @pytest.mark.parametrize("policy", [p for p in _builtins() if p.offloads],
                          ids=lambda p: p.name)
 def test_describe_lowering_names_the_offload_constructor(policy):
   text = policy.describe_lowering()
-  assert text.startswith("jax.checkpoint_policies.")
+  assert text.startswith("jax.checkpoint_policies." + policy.lowering().constructor)
   assert "pinned_host" in text
-  with internals.remat3(False):
-    assert policy.to_jax().__qualname__.startswith(
-        text.removeprefix("jax.checkpoint_policies.").split("(")[0] + ".")
+  with compat.remat3(False):
+    described = eval(text, {"jax": jax})  # noqa: S307
+  assert type(described) is type(policy.to_jax())  # a fresh closure on 0.12

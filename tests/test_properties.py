@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _residuals
 from remat_toolkit import analysis
 from remat_toolkit import models
 
@@ -117,7 +118,7 @@ def assert_same_gradients(config, policies, reference, results):
 def test_gradients_equal_no_remat(config, framework, remat3, policies):
   # A few policies per example keep compilation short; every built-in is
   # checked on one shape by the test below.
-  with internals.remat3(remat3):
+  with compat.remat3(remat3):
     policies = [p for p in policies if p in runnable_policies(remat3)]
     reference, results = gradients_per_policy(config, framework, policies)
   assert_same_gradients(config, policies, reference, results)
@@ -130,7 +131,7 @@ def test_gradients_equal_no_remat_for_every_builtin():
   config = models.get_config("tiny", num_layers=1, d_model=8, num_heads=2,
                              d_ff=16, seq_len=4, batch_size=1, vocab_size=16,
                              dropout_rate=0.2)
-  with internals.remat3(remat3):
+  with compat.remat3(remat3):
     policies = runnable_policies(remat3)
     reference, results = gradients_per_policy(config, "linen", policies)
   assert_same_gradients(config, policies, reference, results)
@@ -143,15 +144,15 @@ def jax_accounting(fn, args, policy):
   def under_policy(*a):
     with rt.use_policy(policy):
       return fn(*a)
-  found = internals.saved_residuals(under_policy, *args)
+  found = compat.saved_residuals(under_policy, *args)
   activations = [a for a, d in found if "from the argument" not in d]
-  return len(found), sum(internals.aval_nbytes(a) for a in activations)
+  return len(found), sum(_residuals.aval_nbytes(a) for a in activations)
 
 
 @settings(max_examples=2, **_SETTINGS)
 @given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
 def test_analyzer_bytes_equal_jax_accounting(config, framework, remat3):
-  with internals.remat3(remat3):
+  with compat.remat3(remat3):
     fn, args = models.build_loss(config, framework=framework)
     comparison = rt.compare(fn, *args, policies=runnable_policies(remat3))
     for name, report in comparison.reports.items():
@@ -180,7 +181,7 @@ def nested_pairs(names: frozenset[str]) -> list[tuple[str, str]]:
 @given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
 def test_activation_bytes_are_ordered_where_kept_sets_are_nested(
     config, framework, remat3):
-  with internals.remat3(remat3):
+  with compat.remat3(remat3):
     fn, args = models.build_loss(config, framework=framework)
     program = analysis.TracedProgram(fn, args)
     pairs = nested_pairs(program.names)
@@ -212,7 +213,7 @@ def test_nesting_is_read_from_the_policy_files():
 def test_the_chain_is_strictly_increasing_on_the_tiny_model(remat3):
   # Guards the ordering property against a model where every policy keeps
   # the same bytes (it would hold vacuously).
-  with internals.remat3(remat3):
+  with compat.remat3(remat3):
     fn, args = models.build_loss("tiny")
     comparison = rt.compare(fn, *args, policies=[
         "boundary-only", "save-qkv", "save-attention",

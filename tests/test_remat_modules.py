@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
 
 cp = jax.checkpoint_policies
 D, HEADS = 8, 2
@@ -49,7 +50,7 @@ def named(records):
 def grad_of(loss, *args):
   """``jax.grad(loss)(*args)``, traced once and run op by op."""
   closed, out_shape = jax.make_jaxpr(jax.grad(loss), return_shape=True)(*args)
-  flat = internals.eval_jaxpr(closed.jaxpr, closed.consts,
+  flat = compat.eval_jaxpr(closed.jaxpr, closed.consts,
                               *jax.tree.leaves(args))
   return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
 
@@ -166,7 +167,7 @@ def test_linen_dropout_masks_repeat(remat_mode):
 
 def count_regions(model, variables):
   jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X))(variables).jaxpr
-  return internals.count_remat_regions(jaxpr)
+  return _jaxpr.count_remat_regions(jaxpr)
 
 
 def test_linen_rule_forms_and_precedence():

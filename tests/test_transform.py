@@ -16,7 +16,8 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
 from remat_toolkit import context
 from remat_toolkit.transform import remat_region
 
@@ -63,7 +64,7 @@ def grad_of(loss, *args):
   ``jit`` per model would compile each program anew.
   """
   closed, out_shape = jax.make_jaxpr(jax.grad(loss), return_shape=True)(*args)
-  flat = internals.eval_jaxpr(closed.jaxpr, closed.consts,
+  flat = compat.eval_jaxpr(closed.jaxpr, closed.consts,
                               *jax.tree.leaves(args))
   return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
 
@@ -488,18 +489,18 @@ def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
     for program, args, expected in zip(programs, arguments, regions,
                                        strict=True):
       jaxpr = jax.make_jaxpr(program)(*args).jaxpr
-      assert internals.count_remat_regions(jaxpr) == expected
-      assert internals.count_remat_regions(jaxpr, marker) == expected
+      assert _jaxpr.count_remat_regions(jaxpr) == expected
+      assert _jaxpr.count_remat_regions(jaxpr, marker) == expected
 
 
 def test_replayed_region_keeps_module_paths(remat_mode):
   model = LinenStack(rt.remat(LinenBlock, "save-ffn"))
   variables = LINEN_VARIABLES
   jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X, False))(variables).jaxpr
-  bodies = [internals.remat_body_of(e) for e in jaxpr.eqns
-            if internals.is_remat(e)]
+  bodies = [compat.remat_body_of(e) for e in jaxpr.eqns
+            if compat.is_remat(e)]
   assert len(bodies) == 1
-  paths = {internals.module_path(e) for e in bodies[0].eqns
+  paths = {_jaxpr.module_path(e) for e in bodies[0].eqns
            if e.primitive.name == "dot_general"}
   assert any(p.endswith("block_0/up") for p in paths), paths
 

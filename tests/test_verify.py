@@ -3,7 +3,7 @@
 Also pins the JAX behaviour verify relies on (effects re-run on recompute,
 io_callback refused in remat regions, the stubbed
 ``save_anything_except_these_names``) and the jaxpr helpers it added to
-``_jax_internals``.
+``_compat``.
 """
 
 import contextlib
@@ -19,7 +19,9 @@ import pytest
 from jax.experimental import io_callback
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
+from remat_toolkit import _residuals
 from remat_toolkit import cli
 from remat_toolkit import context
 
@@ -49,8 +51,8 @@ def jax_activation_bytes(fn, args, policy):
     with ambient:
       return fn(*a)
 
-  found = internals.saved_residuals(under, *args)
-  return sum(internals.aval_nbytes(a) for a, d in found
+  found = compat.saved_residuals(under, *args)
+  return sum(_residuals.aval_nbytes(a) for a, d in found
              if "from the argument" not in d)
 
 
@@ -83,7 +85,7 @@ def test_ambient_policy_is_used_when_none_is_given():
 
 def test_pin_save_anything_except_these_names_saves_everything():
   # JAX 0.10.2 stubbed it: `lambda *_, **__: True`.
-  with internals.remat3(False):
+  with compat.remat3(False):
     stub = jax_activation_bytes(loss, (W, X),
                                 cp.save_anything_except_these_names("ffn.up"))
     everything = jax_activation_bytes(loss, (W, X), cp.everything_saveable)
@@ -407,7 +409,7 @@ def test_effects_in_remat_regions_walks_nested_regions_and_scans():
     jax.debug.callback(lambda v: None, x.sum())  # outside any region
     return jax.lax.scan(body, x, None, length=3)[0].sum()
 
-  sites = internals.effects_in_remat_regions(jax.make_jaxpr(f)(X).jaxpr)
+  sites = _jaxpr.effects_in_remat_regions(jax.make_jaxpr(f)(X).jaxpr)
   assert [s.primitive for s in sites] == ["debug_callback"]
   assert sites[0].effects and "test_verify.py" in sites[0].source
 
@@ -418,10 +420,10 @@ def test_strip_remat_removes_every_region(remat_mode):
     return jax.checkpoint(lambda x: jnp.tanh(inner(x)))(x).sum() + loss(w, x)
 
   closed = jax.make_jaxpr(f)(W, X)
-  assert internals.count_remat_regions(closed.jaxpr) == 4
-  stripped, left = internals.strip_remat(closed.jaxpr)
-  assert left == 0 and internals.count_remat_regions(stripped) == 0
-  got = internals.eval_jaxpr(stripped, closed.consts, W, X)[0]
+  assert _jaxpr.count_remat_regions(closed.jaxpr) == 4
+  stripped, left = _jaxpr.strip_remat(closed.jaxpr)
+  assert left == 0 and _jaxpr.count_remat_regions(stripped) == 0
+  got = compat.eval_jaxpr(stripped, closed.consts, W, X)[0]
   np.testing.assert_allclose(got, f(W, X), rtol=1e-6)
 
 
@@ -433,37 +435,39 @@ def test_trace_difference_ignores_shared_subjaxprs_and_addresses():
 
   first = jax.make_jaxpr(f)(X)
   second = jax.make_jaxpr(f)(X)  # helper's jaxpr now comes from a cache
-  assert internals.trace_difference(first, second) is None
+  assert _jaxpr.trace_difference(first, second) is None
   scaled = jax.make_jaxpr(lambda x: f(x) * 3.0)(X)
-  assert "mul" in internals.trace_difference(first, scaled)
+  assert "mul" in _jaxpr.trace_difference(first, scaled)
 
 
 def test_trace_difference_compares_captured_constants():
   def with_const(value):
     return jax.make_jaxpr(lambda x: x + np.full((4, 8), value, np.float32))(X)
 
-  assert internals.trace_difference(with_const(1.0), with_const(1.0)) is None
-  assert internals.trace_difference(with_const(1.0), with_const(2.0))
+  assert _jaxpr.trace_difference(with_const(1.0), with_const(1.0)) is None
+  assert _jaxpr.trace_difference(with_const(1.0), with_const(2.0))
 
 
-def test_residual_vars_line_up_with_residual_origins(remat_mode):
+def test_residual_origins_carry_the_step_variable_holding_each(remat_mode):
   program = importlib.import_module("remat_toolkit.analysis").TracedProgram(
       loss, (W, X))
   for name in ("boundary-only", "save-ffn", "save-everything"):
     step = program.step(rt.get_policy(name))
-    variables = internals.residual_vars(step.jaxpr, 1, step.num_residuals)
-    origins = internals.residual_origins(step.jaxpr, 1, step.num_residuals)
-    assert len(variables) == len(origins)
-    assert [tuple(v.aval.shape) for v in variables] == [
-        tuple(o.aval.shape) for o in origins]
+    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    outvars = set(step.jaxpr.jaxpr.outvars)
+    invars = set(step.jaxpr.jaxpr.invars)
+    for o in origins:
+      assert tuple(o.var.aval.shape) == tuple(o.aval.shape)
+      assert o.var in (invars if o.kind == "argument" else outvars)
 
 
 def test_float_dtypes_in_finds_dtypes_inside_nested_jaxprs():
   f = jax.jit(lambda x: jnp.sin(x.astype(jnp.bfloat16)).astype(jnp.float32))
-  dtypes = internals.float_dtypes_in(jax.make_jaxpr(f)(X).jaxpr)
+  dtypes = _jaxpr.float_dtypes_in(jax.make_jaxpr(f)(X).jaxpr)
   assert dtypes == {np.dtype(jnp.bfloat16), np.dtype(jnp.float32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value, expected", [("1", True), ("0", False)])
 def test_jax_reads_the_remat3_flag_from_the_environment(value, expected):
   # CI runs the suite a second time with JAX_REMAT3=1.
@@ -473,7 +477,7 @@ def test_jax_reads_the_remat3_flag_from_the_environment(value, expected):
   env = {**os.environ, "JAX_REMAT3": value, "JAX_PLATFORMS": "cpu"}
   done = subprocess.run(
       [sys.executable, "-c",
-       "from remat_toolkit import _jax_internals as i; print(i.remat3_enabled())"],
+       "from remat_toolkit import _compat as c; print(c.remat3_enabled())"],
       env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == str(expected)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# Slow and mode-independent (builds a wheel): CI runs it once per leg.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "remat_toolkit/_builtin_policies/"
 

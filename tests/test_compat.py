@@ -1,7 +1,9 @@
-"""Pins the JAX behaviour remat-toolkit relies on (jax 0.10.2, flax 0.12.8).
+"""Pins the JAX behaviour remat-toolkit relies on, per JAX release.
 
-When a JAX release changes one of these facts, this file fails first and
-``remat_toolkit/_jax_internals.py`` is the one module to adapt.
+The package detects what a release can do (``_compat``); this file states,
+for each supported release, what that detection must find and what JAX then
+does. When a JAX release changes one of these facts, this file fails first
+and ``remat_toolkit/_compat.py`` is the one module to adapt.
 """
 
 import re
@@ -9,10 +11,12 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _jax_internals as internals
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
 
 cp = jax.checkpoint_policies
 
@@ -29,7 +33,7 @@ W = jnp.linspace(-1.0, 1.0, 16).reshape(4, 4)
 
 def _saved(policy, fn=_fn):
   return sorted((str(aval), desc) for aval, desc in
-                internals.saved_residuals(jax.checkpoint(fn, policy=policy),
+                compat.saved_residuals(jax.checkpoint(fn, policy=policy),
                                           X, W))
 
 
@@ -42,23 +46,23 @@ def _saved_names(policy):
 
 
 def test_remat3_context_manager_sets_and_restores_the_flag():
-  before = internals.remat3_enabled()
-  with internals.remat3(not before):
-    assert internals.remat3_enabled() is (not before)
+  before = compat.remat3_enabled()
+  with compat.remat3(not before):
+    assert compat.remat3_enabled() is (not before)
     assert jax.config.jax_remat3 is (not before)
-  assert internals.remat3_enabled() is before
+  assert compat.remat3_enabled() is before
 
 
 def test_remat3_context_manager_restores_after_an_error():
-  before = internals.remat3_enabled()
+  before = compat.remat3_enabled()
   with pytest.raises(RuntimeError):
-    with internals.remat3(not before):
+    with compat.remat3(not before):
       raise RuntimeError("inside")
-  assert internals.remat3_enabled() is before
+  assert compat.remat3_enabled() is before
 
 
 def test_remat_mode_fixture_sets_the_flag(remat_mode):
-  assert internals.remat3_enabled() is remat_mode
+  assert compat.remat3_enabled() is remat_mode
 
 
 # ------------------------------------------------------------ policy drift
@@ -71,13 +75,15 @@ def test_our_test_function_really_saves_names(remat_mode):
 
 
 def test_save_anything_except_these_names_is_a_stub(remat_mode):
-  # It ignores its arguments: under remat2 it saves everything, the excluded
-  # name included; under remat3 the bare lambda is not understood at all and
-  # becomes full remat. Either way it does not do what its name says.
+  # It ignores its arguments: it saves the excluded name too, or, under a
+  # remat3 that calls no plain function, nothing at all. Either way it does
+  # not do what its name says.
   stub = cp.save_anything_except_these_names("a")
   assert stub("anything") is True
-  expected = cp.nothing_saveable if remat_mode else cp.everything_saveable
-  assert _saved(stub) == _saved(expected)
+  if remat_mode and not compat.remat3_calls_policies():
+    assert _saved(stub) == _saved(cp.nothing_saveable)
+  else:
+    assert "a" in _saved_names(stub)
 
 
 def test_save_any_names_but_these_is_the_working_spelling(remat_mode):
@@ -93,11 +99,14 @@ def test_save_any_names_but_these_is_the_working_spelling(remat_mode):
     lambda: cp.offload_dot_with_no_batch_dims("device", "pinned_host"),
     lambda: (lambda prim, *avals, **params: True),
 ], ids=["save_from_both", "save_and_offload", "offload_dots", "lambda"])
-def test_non_class_callables_are_full_remat_under_remat3(make_policy,
-                                                         remat_mode):
+def test_plain_callables_under_remat3_follow_the_detected_feature(
+    make_policy, remat_mode):
+  # jax 0.10's remat3 honours only JAX's policy classes: any other callable
+  # silently becomes full remat. From jax 0.11 remat3 calls every policy.
   policy = make_policy()
-  assert not internals.remat3_honours(policy)
-  if remat_mode:
+  honoured = compat.remat3_calls_policies()
+  assert compat.remat3_honours(policy) is honoured
+  if remat_mode and not honoured:
     assert _saved(policy) == _saved(cp.nothing_saveable)
   else:
     assert _saved(policy) != _saved(cp.nothing_saveable)
@@ -110,11 +119,11 @@ def test_non_class_callables_are_full_remat_under_remat3(make_policy,
 ], ids=["only_names", "any_but", "dots", "dots_no_batch", "everything",
         "nothing"])
 def test_jax_policy_classes_mean_the_same_under_both_modes(policy):
-  assert internals.remat3_honours(policy)
-  with internals.remat3(False):
+  assert compat.remat3_honours(policy)
+  with compat.remat3(False):
     remat2 = [aval for aval, _ in _saved(policy)]  # labels differ by mode
     inputs_only = _saved(cp.nothing_saveable)
-  with internals.remat3(True):
+  with compat.remat3(True):
     remat3 = [aval for aval, _ in _saved(policy)]
   if policy is cp.everything_saveable:
     # remat2 keeps unnamed intermediates too, remat3 the named values: both
@@ -128,14 +137,89 @@ def test_offloaded_residuals_are_host_memory():
   policy = cp.save_and_offload_only_these_names(
       names_which_can_be_saved=[], names_which_can_be_offloaded=["a"],
       offload_src="device", offload_dst="pinned_host")
-  with internals.remat3(False):
-    residuals = internals.saved_residuals(jax.checkpoint(_fn, policy=policy),
+  with compat.remat3(False):
+    residuals = compat.saved_residuals(jax.checkpoint(_fn, policy=policy),
                                           X, W)
-  kinds = [internals.memory_kind_of(aval) for aval, _ in residuals]
+  kinds = [_jaxpr.memory_kind_of(aval) for aval, _ in residuals]
   assert kinds.count("host") == 1
   host = [d for (aval, d), k in zip(residuals, kinds, strict=True)
           if k == "host"]
   assert "device_put" in host[0]
+
+
+# ------------------------------------------------------------ per release
+
+#: What each supported JAX minor release can do, as measured.
+RELEASES = {
+    "0.10": dict(remat3_calls_policies=False, remat3_offloads=False,
+                 remat3_everything_keeps_unnamed=False,
+                 closed_jaxpr_is_jaxpr=False, policy_classes=True),
+    "0.11": dict(remat3_calls_policies=True, remat3_offloads=True,
+                 remat3_everything_keeps_unnamed=True,
+                 closed_jaxpr_is_jaxpr=True, policy_classes=True),
+    "0.12": dict(remat3_calls_policies=True, remat3_offloads=True,
+                 remat3_everything_keeps_unnamed=True,
+                 closed_jaxpr_is_jaxpr=True, policy_classes=False),
+}
+
+
+def _release():
+  return ".".join(jax.__version__.split(".")[:2])
+
+
+@pytest.mark.skipif(_release() not in RELEASES,
+                    reason="a JAX release outside the tested range")
+def test_detected_features_are_the_measured_ones_for_this_release():
+  expected = RELEASES[_release()]
+  assert compat.remat3_calls_policies() is expected["remat3_calls_policies"]
+  assert compat.remat3_offloads() is expected["remat3_offloads"]
+  assert (compat.remat3_everything_keeps_unnamed()
+          is expected["remat3_everything_keeps_unnamed"])
+  assert (compat.ClosedJaxpr is compat.Jaxpr) is expected[
+      "closed_jaxpr_is_jaxpr"]
+  classes = compat._policy_classes()
+  is_class = bool(classes) and isinstance(cp.save_only_these_names("a"), classes)
+  assert is_class is expected["policy_classes"]
+
+
+def test_declared_jax_range_covers_this_release():
+  import importlib.metadata
+  import re as re_
+  requires = importlib.metadata.requires("remat-toolkit") or []
+  spec = next(r for r in requires if re_.match(r"jax\b", r) and "extra" not in r)
+  upper = re_.search(r"<\s*([0-9.]+)", spec).group(1)
+  lower = re_.search(r">=\s*([0-9.]+)", spec).group(1)
+  version = tuple(int(p) for p in jax.__version__.split(".")[:3])
+  assert tuple(int(p) for p in lower.split(".")) <= version
+  assert version < tuple(int(p) for p in upper.split("."))
+  assert _release() in RELEASES
+
+
+def test_jax_policy_is_one_object_per_call():
+  a = compat.jax_policy("save_only_these_names", "x", "y")
+  assert a is compat.jax_policy("save_only_these_names", "x", "y")
+  assert a is not compat.jax_policy("save_only_these_names", "x")
+  assert compat.jax_policy("dots_saveable") is cp.dots_saveable
+  with pytest.raises(ValueError, match="save_anything_except_these_names"):
+    compat.jax_policy("save_anything_except_these_names", "x")
+
+
+def test_policy_markers_are_distinct_and_save_nothing(remat_mode):
+  a, b = compat.policy_marker("m"), compat.policy_marker("m")
+  assert a is not b and a != b
+  assert _saved(a) == _saved(cp.nothing_saveable)
+  _, eqn = _remat_eqn(a, remat_mode)
+  assert compat.remat_policy_of(eqn) is a
+
+
+def test_close_jaxpr_attaches_constants():
+  closed = jax.make_jaxpr(lambda x: x + np.arange(4.0, dtype=np.float32))(
+      np.ones(4, np.float32))
+  again = compat.close_jaxpr(closed.jaxpr, closed.consts)
+  assert [np.asarray(c).tolist() for c in compat.jaxpr_consts(again)] == [
+      np.asarray(c).tolist() for c in closed.consts]
+  out = compat.eval_jaxpr(again.jaxpr, again.consts, np.ones(4, np.float32))
+  assert np.asarray(out[0]).tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 # ------------------------------------------------------------ equations
@@ -143,7 +227,7 @@ def test_offloaded_residuals_are_host_memory():
 
 def _remat_eqn(policy, remat_mode):
   jaxpr = jax.make_jaxpr(jax.checkpoint(_fn, policy=policy))(X, W)
-  found = [e for e in jaxpr.jaxpr.eqns if internals.is_remat(e)]
+  found = [e for e in jaxpr.jaxpr.eqns if compat.is_remat(e)]
   assert len(found) == 1
   expected = "call_hi_primitive" if remat_mode else "remat2"
   assert found[0].primitive.name == expected
@@ -152,47 +236,47 @@ def _remat_eqn(policy, remat_mode):
 
 def test_checkpoint_name_of(remat_mode):
   jaxpr = jax.make_jaxpr(_fn)(X, W).jaxpr
-  names = [internals.checkpoint_name_of(e) for e in jaxpr.eqns]
+  names = [compat.checkpoint_name_of(e) for e in jaxpr.eqns]
   assert [n for n in names if n] == ["a", "b"]
   assert names.count(None) == len(names) - 2
 
 
 def test_is_remat_and_remat_body_of(remat_mode):
   _, eqn = _remat_eqn(cp.save_only_these_names("a"), remat_mode)
-  body = internals.remat_body_of(eqn)
-  assert isinstance(body, internals.Jaxpr)
-  assert [internals.checkpoint_name_of(e) for e in body.eqns
-          if internals.checkpoint_name_of(e)] == ["a", "b"]
-  assert internals.sub_jaxprs(eqn)[0].eqns == body.eqns
+  body = compat.remat_body_of(eqn)
+  assert isinstance(body, compat.Jaxpr)
+  assert [compat.checkpoint_name_of(e) for e in body.eqns
+          if compat.checkpoint_name_of(e)] == ["a", "b"]
+  assert _jaxpr.sub_jaxprs(eqn)[0].eqns == body.eqns
   plain = jax.make_jaxpr(_fn)(X, W).jaxpr
-  assert not any(internals.is_remat(e) for e in plain.eqns)
+  assert not any(compat.is_remat(e) for e in plain.eqns)
 
 
 def test_remat_policy_of_returns_the_policy_given(remat_mode):
   policy = cp.save_only_these_names("a")
   _, eqn = _remat_eqn(policy, remat_mode)
-  assert internals.remat_policy_of(eqn) is policy
+  assert compat.remat_policy_of(eqn) is policy
 
 
 def test_remat3_stores_nothing_saveable_as_none(remat_mode):
   _, eqn = _remat_eqn(cp.nothing_saveable, remat_mode)
   expected = None if remat_mode else cp.nothing_saveable
-  assert internals.remat_policy_of(eqn) is expected
+  assert compat.remat_policy_of(eqn) is expected
 
 
 def test_with_remat_substitutes_the_policy(remat_mode):
   closed, eqn = _remat_eqn(cp.nothing_saveable, remat_mode)
-  new_eqn = internals.with_remat(eqn, internals.remat_body_of(eqn),
-                                 cp.save_only_these_names("b"))
-  assert internals.remat_policy_of(new_eqn) == cp.save_only_these_names("b")
+  only_b = cp.save_only_these_names("b")
+  new_eqn = compat.with_remat(eqn, compat.remat_body_of(eqn), only_b)
+  assert compat.remat_policy_of(new_eqn) is only_b
   eqns = [new_eqn if e is eqn else e for e in closed.jaxpr.eqns]
   swapped = closed.jaxpr.replace(eqns=eqns)
 
   def run(jaxpr):
-    return lambda x, w: internals.eval_jaxpr(jaxpr, closed.consts, x, w)[0]
+    return lambda x, w: compat.eval_jaxpr(jaxpr, closed.consts, x, w)[0]
 
   def names(jaxpr):
-    return {m.group(1) for _, d in internals.saved_residuals(run(jaxpr), X, W)
+    return {m.group(1) for _, d in compat.saved_residuals(run(jaxpr), X, W)
             if (m := re.search(r"named '([^']+)'", d))}
 
   assert names(closed.jaxpr) == set()
@@ -223,10 +307,10 @@ def test_module_path_on_a_flax_linen_model(remat_mode):
   x = jnp.ones((2, 4))
   params = jax.eval_shape(model.init, jax.random.key(0), x)  # no compile
   jaxpr = jax.make_jaxpr(model.apply)(params, x).jaxpr
-  dots = [internals.module_path(e) for e in jaxpr.eqns
+  dots = [_jaxpr.module_path(e) for e in jaxpr.eqns
           if e.primitive.name == "dot_general"]
   assert dots == ["_Model/block/proj", "_Model/block/out"]
-  tanh = [internals.module_path(e) for e in jaxpr.eqns
+  tanh = [_jaxpr.module_path(e) for e in jaxpr.eqns
           if e.primitive.name == "tanh"]
   assert tanh == ["_Model/block"]
 
@@ -241,8 +325,8 @@ def test_module_path_drops_transform_scopes(remat_mode):
   def paths(j):
     for e in j.eqns:
       if e.primitive.name == "dot_general":
-        yield internals.module_path(e)
-      for sub in internals.sub_jaxprs(e):
+        yield _jaxpr.module_path(e)
+      for sub in _jaxpr.sub_jaxprs(e):
         yield from paths(sub)
 
   found = set(paths(jaxpr))

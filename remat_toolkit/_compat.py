@@ -1,0 +1,466 @@
+"""The JAX and Flax boundary: the only module that touches their internals.
+
+JAX's remat implementations, jaxpr classes and checkpoint-policy objects move
+between releases (jax 0.10 keeps ``ClosedJaxpr`` apart from ``Jaxpr`` and
+builds policies as classes; 0.11 makes ``ClosedJaxpr`` an alias of
+``Jaxpr``; 0.12 returns policies as plain functions again). Everything else
+in the package goes through the names defined here, so a JAX release changes
+this one file. Public or ``jax.extend`` APIs come first; what a release can
+do is detected by probing it, never by comparing version numbers.
+``tests/test_compat.py`` pins each behaviour relied on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+from jax.extend import core as _ext_core
+from jax.extend import source_info_util as _ext_source_info
+from jax._src import ad_checkpoint as _ad_checkpoint
+from jax._src import core as _core
+from jax._src import source_info_util as _source_info_util
+from jax._src.interpreters import partial_eval as _pe
+
+try:  # remat3 runs through hijax's call primitive; older releases lack it.
+  from jax._src.hijax import call_hi_primitive_p as _call_hi_primitive_p
+except ImportError:  # pragma: no cover - depends on the JAX release
+  _call_hi_primitive_p = None
+
+__all__ = [
+    "Jaxpr", "ClosedJaxpr", "JaxprEqn", "Var", "Literal", "DropVar",
+    "name_p", "remat_p", "close_jaxpr", "jaxpr_consts", "eval_jaxpr",
+    "dce_jaxpr", "saved_residuals", "remat3_enabled", "remat3",
+    "has_remat3_flag", "remat3_calls_policies", "remat3_offloads",
+    "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported", "offloading_refusal", "jax_policy", "policy_marker", "checkpoint_name_of",
+    "is_remat", "is_scan", "scan_num_carry", "remat_policy_of", "remat_body_of", "with_remat",
+    "bind_remat", "is_scope", "module_scopes", "drop_leading_scopes",
+    "prefix_scopes", "eval_context", "user_source", "flax_lift_pack",
+    "linen_lift_transform", "linen_decorator_lift_transform",
+]
+
+# ---------------------------------------------------------------- jaxpr types
+
+Jaxpr = _ext_core.Jaxpr
+#: From jax 0.11 on this is ``Jaxpr`` itself: a jaxpr carries its constants.
+ClosedJaxpr = _ext_core.ClosedJaxpr
+JaxprEqn = _ext_core.JaxprEqn
+Var = _ext_core.Var
+Literal = _ext_core.Literal
+DropVar = _ext_core.DropVar
+
+name_p = _ext_core.primitives.name_p
+remat_p = _ext_core.primitives.remat_p
+
+_CheckpointName = getattr(_ad_checkpoint, "CheckpointName", None)
+_CheckpointNameFwd = getattr(_ad_checkpoint, "CheckpointNameFwd", None)
+_RematTraced = getattr(_ad_checkpoint, "RematTraced", None)
+_NAME_PRIMS = tuple(t for t in (_CheckpointName, _CheckpointNameFwd)
+                    if t is not None)
+
+
+def close_jaxpr(jaxpr: Jaxpr, consts: list[Any]) -> ClosedJaxpr:
+  """``jaxpr`` with ``consts`` attached, on either jaxpr representation."""
+  return ClosedJaxpr(jaxpr, list(consts))
+
+
+def jaxpr_consts(value: Any) -> list[Any]:
+  """The constants a (closed) jaxpr carries; ``[]`` for an open one."""
+  return list(getattr(value, "consts", None) or [])
+
+
+def eval_jaxpr(jaxpr: Jaxpr, consts: list[Any], *args: Any) -> list[Any]:
+  """Evaluates ``jaxpr`` on ``args`` with its constants bound to ``consts``."""
+  return _core.eval_jaxpr(jaxpr, consts, *args)
+
+
+def dce_jaxpr(jaxpr: Jaxpr, used_outputs: list[bool]) -> Jaxpr:
+  """``jaxpr`` without the equations no used output depends on."""
+  live, _ = _pe.dce_jaxpr(jaxpr, used_outputs, instantiate=True)
+  return live
+
+
+def saved_residuals(fn: Callable, *args: Any) -> list[tuple[Any, str]]:
+  """JAX's own list of residuals (aval, description) for ``fn(*args)``.
+
+  The data source of the public ``jax.ad_checkpoint.print_saved_residuals``.
+  """
+  return _ad_checkpoint.saved_residuals(fn, *args)
+
+
+# ---------------------------------------------------------------- remat3 flag
+
+def has_remat3_flag() -> bool:
+  """Whether this JAX has the ``jax_remat3`` flag at all."""
+  return hasattr(jax.config, "jax_remat3")
+
+
+def remat3_enabled() -> bool:
+  """Whether ``jax_remat3`` (the incoming remat implementation) is on."""
+  return has_remat3_flag() and bool(jax.config.jax_remat3)
+
+
+@contextlib.contextmanager
+def remat3(enabled: bool) -> Iterator[None]:
+  """Sets ``jax_remat3`` for the duration of the block, then restores it."""
+  if not has_remat3_flag():
+    if enabled:
+      raise ValueError(
+          f"jax {jax.__version__} has no jax_remat3 flag; run with remat3 off.")
+    yield
+    return
+  before = remat3_enabled()
+  jax.config.update("jax_remat3", enabled)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_remat3", before)
+
+
+# ---------------------------------------------------------------- policies
+
+#: Public constructor names of ``jax.checkpoint_policies`` the package uses.
+_CONSTRUCTORS = frozenset({
+    "everything_saveable", "nothing_saveable", "dots_saveable",
+    "dots_with_no_batch_dims_saveable", "save_only_these_names",
+    "save_any_names_but_these", "save_and_offload_only_these_names",
+    "offload_dot_with_no_batch_dims"})
+
+
+@functools.lru_cache(maxsize=None)
+def jax_policy(constructor: str, *args: Any) -> Any:
+  """One of JAX's own checkpoint policies, the same object for equal args.
+
+  JAX 0.10 and 0.11 build policies as classes with value equality; 0.12
+  returns a fresh closure on each call. Memoising the construction gives
+  every release the identity and equality the analyzer's caches (and JAX's
+  own, keyed on the policy) rely on.
+
+  Args:
+    constructor: a name in ``jax.checkpoint_policies``. A constant policy
+      (``dots_saveable``) takes no ``args``; a constructor takes positional
+      ``args``, or for ``save_and_offload_only_these_names`` the four
+      keyword values in order (saved, offloaded, src, dst).
+
+  Returns:
+    The policy object to pass as ``jax.checkpoint(policy=...)``.
+  """
+  if constructor not in _CONSTRUCTORS:
+    raise ValueError(f"{constructor!r} is not a checkpoint policy constructor "
+                     f"remat-toolkit lowers to; use one of "
+                     f"{sorted(_CONSTRUCTORS)}.")
+  cp = jax.checkpoint_policies
+  value = getattr(cp, constructor)
+  if constructor == "save_and_offload_only_these_names":
+    saved, offloaded, src, dst = args
+    return value(names_which_can_be_saved=list(saved),
+                 names_which_can_be_offloaded=list(offloaded),
+                 offload_src=src, offload_dst=dst)
+  if constructor in ("save_only_these_names", "save_any_names_but_these",
+                     "offload_dot_with_no_batch_dims"):
+    return value(*args)
+  if args:
+    raise ValueError(f"{constructor} takes no arguments, got {args!r}.")
+  return value
+
+
+def policy_marker(label: str) -> Any:
+  """A fresh policy object to mark regions with, accepted by every JAX.
+
+  A ``save_only_these_names`` policy naming a name no program uses: both
+  remat implementations of every supported release store it on the region
+  untouched, and it behaves as ``nothing_saveable`` if it is ever run.
+  Two calls never return the same object, so identity tells markers apart.
+  """
+  return jax.checkpoint_policies.save_only_these_names(
+      f"__remat_toolkit_{label}_{os.urandom(6).hex()}__")
+
+
+def _probe_residuals(policy: Any) -> list[str]:
+  """JAX's residual descriptions for a tiny function with one named value."""
+  def fn(x):
+    a = jax.ad_checkpoint.checkpoint_name(jax.numpy.sin(x), "a")
+    return jax.numpy.sum(jax.numpy.cos(a))
+
+  x = jax.ShapeDtypeStruct((3,), jax.numpy.float32)
+  return [d for _, d in saved_residuals(jax.checkpoint(fn, policy=policy), x)]
+
+
+def _probe_saved(policy: Any) -> int:
+  return len(_probe_residuals(policy))
+
+
+@functools.lru_cache(maxsize=None)
+def remat3_calls_policies() -> bool:
+  """Whether ``jax_remat3`` calls an arbitrary policy function.
+
+  jax 0.10 and 0.11 under remat3 honour only JAX's own policy classes (a
+  hand-written callable silently becomes full remat); jax 0.12 calls every
+  policy. Probed once on a tiny function.
+  """
+  if not has_remat3_flag():
+    return False
+  def custom(prim, *_, **params):
+    return prim is name_p and params.get("name") == "a"
+  with remat3(True):
+    return _probe_saved(custom) > _probe_saved(
+        jax.checkpoint_policies.nothing_saveable)
+
+
+@functools.lru_cache(maxsize=None)
+def remat3_offloads() -> bool:
+  """Whether ``jax_remat3`` honours offloading policies (moves to host).
+
+  Probed on a tiny function: under releases that ignore them an offloading
+  policy silently recomputes everything instead.
+  """
+  if not has_remat3_flag():
+    return False
+  policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+      names_which_can_be_saved=[], names_which_can_be_offloaded=["a"],
+      offload_src="device", offload_dst="pinned_host")
+  try:
+    with remat3(True):
+      return _probe_saved(policy) > _probe_saved(
+          jax.checkpoint_policies.nothing_saveable)
+  except Exception:  # noqa: BLE001 - a release that refuses it cannot offload
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def remat3_everything_keeps_unnamed() -> bool:
+  """Whether ``everything_saveable`` under ``jax_remat3`` keeps un-named values.
+
+  jax 0.10's remat3 keeps only named values under it (and recomputes the
+  rest); later releases keep everything, as remat2 does.
+  """
+  if not has_remat3_flag():
+    return True
+  with remat3(True):
+    found = _probe_residuals(jax.checkpoint_policies.everything_saveable)
+  return any(d.startswith("output of") for d in found)
+
+
+def offloading_unsupported() -> bool:
+  """Whether an offloading policy would silently do nothing right now.
+
+  True while ``jax_remat3`` is on and this JAX's remat3 ignores offloading.
+  """
+  return remat3_enabled() and not remat3_offloads()
+
+
+def offloading_refusal() -> str:
+  """Why offloading cannot run now, naming this JAX and what to do."""
+  return (f"jax_remat3 is on and jax {jax.__version__}'s remat3 ignores "
+          "offloading policies (it would silently recompute everything); turn "
+          "it off with jax.config.update('jax_remat3', False), or use a JAX "
+          "whose remat3 offloads")
+
+
+def _policy_classes() -> tuple[type, ...]:
+  names = ("SaveOnlyTheseNames", "SaveAnyNamesButThese", "DotsSaveable",
+           "SaveAndOffloadOnlyTheseNames", "OffloadDotWithNoBatchDims")
+  return tuple(t for t in (getattr(_ad_checkpoint, n, None) for n in names)
+               if isinstance(t, type))
+
+
+def remat3_honours(policy: Any) -> bool:
+  """Whether ``policy`` keeps its meaning under ``jax_remat3`` on this JAX.
+
+  Where remat3 calls policies (jax 0.12), every policy does. Elsewhere only
+  JAX's own policy classes and ``everything_saveable`` / ``nothing_saveable``
+  are understood; any other callable silently becomes full recomputation.
+  """
+  if policy is None or remat3_calls_policies():
+    return True
+  cp = jax.checkpoint_policies
+  return (isinstance(policy, _policy_classes())
+          or policy is cp.everything_saveable
+          or policy is cp.nothing_saveable)
+
+
+# ---------------------------------------------------------------- equations
+
+def checkpoint_name_of(eqn: JaxprEqn) -> str | None:
+  """The checkpoint name an equation attaches, under either remat mode."""
+  if eqn.primitive is name_p:
+    return eqn.params["name"]
+  if (_call_hi_primitive_p is not None and eqn.primitive is _call_hi_primitive_p
+      and _NAME_PRIMS and isinstance(eqn.params.get("_prim"), _NAME_PRIMS)):
+    return eqn.params["_prim"].params["name"]
+  return None
+
+
+def is_remat(eqn: JaxprEqn) -> bool:
+  """Whether ``eqn`` is a remat region (``remat2``, or remat3's primitive)."""
+  if eqn.primitive is remat_p:
+    return True
+  return (_call_hi_primitive_p is not None
+          and eqn.primitive is _call_hi_primitive_p
+          and _RematTraced is not None
+          and isinstance(eqn.params.get("_prim"), _RematTraced))
+
+
+def is_remat3_region(eqn: JaxprEqn) -> bool:
+  """Whether ``eqn`` is a region of remat3 (an opaque hijax primitive)."""
+  return is_remat(eqn) and eqn.primitive is not remat_p
+
+
+def remat_policy_of(eqn: JaxprEqn) -> Any:
+  """The policy of a remat equation (remat3 stores ``nothing_saveable`` as None)."""
+  if eqn.primitive is remat_p:
+    return eqn.params["policy"]
+  return eqn.params["_prim"].params["policy"]
+
+
+def remat_body_of(eqn: JaxprEqn) -> Jaxpr:
+  """The body jaxpr of a remat equation."""
+  if eqn.primitive is remat_p:
+    return eqn.params["jaxpr"]
+  return eqn.params["_prim"].params["jaxpr"].jaxpr
+
+
+def remat_body_consts(eqn: JaxprEqn) -> list[Any]:
+  """Constants captured by a remat3 region's body (remat2 bodies have none)."""
+  if eqn.primitive is remat_p:
+    return []
+  return jaxpr_consts(eqn.params["_prim"].params["jaxpr"])
+
+
+def with_remat(eqn: JaxprEqn, body: Jaxpr, policy: Any) -> JaxprEqn:
+  """A copy of remat equation ``eqn`` with another body and policy."""
+  if eqn.primitive is remat_p:
+    return eqn.replace(params={**eqn.params, "jaxpr": body, "policy": policy})
+  old = eqn.params["_prim"]
+  extra = ({"prevent_cse": old.params["prevent_cse"]}
+           if "prevent_cse" in old.params else {})  # stored from jax 0.11 on
+  prim = _RematTraced(close_jaxpr(body, jaxpr_consts(old.params["jaxpr"])),
+                      policy, **extra)
+  return eqn.replace(params={**eqn.params, "_prim": prim})
+
+
+def bind_remat(body: Jaxpr, policy: Any, prevent_cse: Any, *args: Any
+               ) -> list[Any]:
+  """Binds a remat2 region with ``body`` and ``policy`` on ``args``."""
+  return remat_p.bind(*args, jaxpr=body, prevent_cse=prevent_cse,
+                      differentiated=False, policy=policy)
+
+
+def is_scan(eqn: JaxprEqn) -> bool:
+  """Whether ``eqn`` is a scan, or (jax >= 0.12) a linearized scan node.
+
+  jax 0.12 keeps a scan in the VJP's linear program as ``vjp_node[scan]``.
+  """
+  name = eqn.primitive.name
+  return name == "scan" or (name.endswith("[scan]") and "length" in eqn.params)
+
+
+def scan_num_carry(eqn: JaxprEqn) -> int:
+  """How many of a ``scan`` equation's outputs are carries (the rest stack).
+
+  jax 0.10 stores ``num_carry``; from 0.11 the layout is a flat tree
+  ``ft_out`` of (carries, stacked outputs).
+  """
+  if "num_carry" in eqn.params:
+    return int(eqn.params["num_carry"])
+  carry, _ = eqn.params["ft_out"].update(list(range(len(eqn.outvars)))).unpack()
+  return len(list(carry))
+
+
+def inner_jaxpr(value: Any) -> Jaxpr:
+  """The open jaxpr of a jaxpr-valued equation parameter."""
+  return value.jaxpr if isinstance(value, ClosedJaxpr) else value
+
+
+def rewrap_jaxpr(old: Any, new_inner: Jaxpr) -> Any:
+  """``new_inner`` in the form ``old`` had (closed with its consts, or open)."""
+  if ClosedJaxpr is Jaxpr:  # jax >= 0.11: one class, constants ride along
+    consts = jaxpr_consts(old)
+    if jaxpr_consts(new_inner) or not consts:
+      return new_inner
+    return close_jaxpr(new_inner, consts)
+  if isinstance(old, ClosedJaxpr):
+    return close_jaxpr(new_inner, old.consts)
+  return new_inner
+
+
+def is_jaxpr_value(value: Any) -> bool:
+  """Whether an equation parameter is a (closed) jaxpr."""
+  return isinstance(value, (Jaxpr, ClosedJaxpr))
+
+
+# ---------------------------------------------------------------- name stacks
+
+def is_scope(item: Any) -> bool:
+  """Whether a name-stack item is a module scope (not a transform)."""
+  return isinstance(item, _source_info_util.Scope)
+
+
+def module_scopes(eqn: JaxprEqn) -> list[str]:
+  """The module scopes of ``eqn``'s name stack, transforms dropped."""
+  return [s.name for s in eqn.source_info.name_stack.stack if is_scope(s)]
+
+
+def leading_scopes(eqn: JaxprEqn) -> tuple[Any, ...]:
+  """The raw name-stack items of ``eqn``."""
+  return tuple(eqn.source_info.name_stack.stack)
+
+
+def drop_leading_scopes(eqn: JaxprEqn, count: int) -> JaxprEqn:
+  """``eqn`` with the first ``count`` name-stack items removed."""
+  stack = eqn.source_info.name_stack.stack[count:]
+  return eqn.replace(source_info=eqn.source_info.replace(
+      name_stack=_ext_source_info.NameStack(tuple(stack))))
+
+
+def prefix_scopes(eqn: JaxprEqn, items: tuple[Any, ...]) -> JaxprEqn:
+  """``eqn`` with ``items`` appended to its name stack."""
+  stack = tuple(eqn.source_info.name_stack.stack) + tuple(items)
+  return eqn.replace(source_info=eqn.source_info.replace(
+      name_stack=_ext_source_info.NameStack(stack)))
+
+
+@contextlib.contextmanager
+def eval_context(eqn: JaxprEqn) -> Iterator[None]:
+  """Re-binds ``eqn``'s traceback and name stack while it is evaluated."""
+  name_stack = (_ext_source_info.current_name_stack()
+                + eqn.source_info.name_stack)
+  with _ext_source_info.user_context(eqn.source_info.traceback,
+                                     name_stack=name_stack):
+    yield
+
+
+def user_source(eqn: JaxprEqn, skip: Callable[[str], bool]) -> str:
+  """``file:line (function)`` of the first user frame ``skip`` lets through."""
+  for frame in _source_info_util.user_frames(eqn.source_info.traceback):
+    if not skip(frame.file_name):
+      return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+  return ""
+
+
+# ---------------------------------------------------------------- flax hooks
+
+def flax_lift_pack(inner: Callable[..., Any], name: str) -> Callable[..., Any]:
+  """``flax.core.lift.pack`` over every variable and rng collection."""
+  from flax.core import lift
+  return lift.pack(inner, (True,), (True,), (True,), name=name,
+                   enable_kwargs=True)
+
+
+def linen_lift_transform(transform: Callable[..., Any], target: Any,
+                         **kwargs: Any) -> Any:
+  """Flax linen's ``lift_transform`` (a lifted transform of a Module class)."""
+  from flax.linen import transforms as linen_transforms
+  return linen_transforms.lift_transform(transform, target, **kwargs)
+
+
+def linen_decorator_lift_transform(transform: Callable[..., Any],
+                                   method: Callable[..., Any],
+                                   **kwargs: Any) -> Callable[..., Any]:
+  """Flax linen's ``decorator_lift_transform`` (a lifted method)."""
+  from flax.linen import transforms as linen_transforms
+  return linen_transforms.decorator_lift_transform(transform, method, **kwargs)

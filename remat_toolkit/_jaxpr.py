@@ -1,0 +1,567 @@
+"""Jaxpr utilities: one walk, one rewrite, and what is built on them.
+
+Every read of a traced program goes through :func:`walk` (each equation,
+nested jaxprs included) and every change through :func:`rewrite` (a copy
+with some equations replaced or inlined, shared bodies rewritten once). JAX
+specifics come from :mod:`remat_toolkit._compat`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_toolkit import _compat as compat
+from remat_toolkit._compat import Jaxpr, JaxprEqn, Literal, Var
+
+# ---------------------------------------------------------------- structure
+
+
+def _jaxpr_params(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Any]]:
+  for key, value in eqn.params.items():
+    if compat.is_jaxpr_value(value):
+      yield key, None, value
+    elif isinstance(value, tuple) and value and all(
+        compat.is_jaxpr_value(v) for v in value):
+      for i, v in enumerate(value):
+        yield key, i, v
+
+
+def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
+  """The jaxprs nested in ``eqn`` (scan/cond/jit/remat/custom rules)."""
+  if compat.is_remat(eqn):
+    return [compat.remat_body_of(eqn)]
+  return [compat.inner_jaxpr(v) for _, _, v in _jaxpr_params(eqn)]
+
+
+def map_sub_jaxprs(eqn: JaxprEqn, fn: Callable[[Jaxpr], Jaxpr]) -> JaxprEqn:
+  """A copy of ``eqn`` whose nested jaxprs went through ``fn``."""
+  if compat.is_remat(eqn):
+    body = compat.remat_body_of(eqn)
+    new = fn(body)
+    return eqn if new is body else compat.with_remat(
+        eqn, new, compat.remat_policy_of(eqn))
+  params = dict(eqn.params)
+  changed = False
+  for key, index, value in _jaxpr_params(eqn):
+    inner = compat.inner_jaxpr(value)
+    new_inner = fn(inner)
+    if new_inner is inner:
+      continue
+    changed = True
+    new_value = compat.rewrap_jaxpr(value, new_inner)
+    if index is None:
+      params[key] = new_value
+    else:
+      items = list(params[key])
+      items[index] = new_value
+      params[key] = tuple(items)
+  return eqn.replace(params=params) if changed else eqn
+
+
+def walk(jaxpr: Jaxpr, descend: Callable[[JaxprEqn], bool] | None = None
+         ) -> Iterator[JaxprEqn]:
+  """Every equation of ``jaxpr`` and of the jaxprs nested in it, in order.
+
+  Args:
+    jaxpr: the program.
+    descend: whether to enter an equation's nested jaxprs (default: always).
+  """
+  for eqn in jaxpr.eqns:
+    yield eqn
+    if descend is None or descend(eqn):
+      for sub in sub_jaxprs(eqn):
+        yield from walk(sub, descend)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inline:
+  """What a :func:`rewrite` callback returns to replace one equation by many.
+
+  Attributes:
+    eqns: the equations that stand for it.
+    outs: one atom per output of the replaced equation.
+  """
+
+  eqns: list[JaxprEqn]
+  outs: list[Any]
+
+
+#: ``on_eqn(eqn, recurse)``: a replacement equation, an :class:`Inline`, or
+#: None to keep ``eqn`` with its nested jaxprs rewritten by ``recurse``.
+EqnRewrite = Callable[[JaxprEqn, Callable[[Jaxpr], Jaxpr]],
+                      "JaxprEqn | Inline | None"]
+
+
+def rewrite(jaxpr: Jaxpr, on_eqn: EqnRewrite) -> Jaxpr:
+  """A copy of ``jaxpr`` with equations replaced by ``on_eqn``, at any depth.
+
+  A nested jaxpr shared by several equations (the unrolled layers of a
+  model after :func:`share_identical_regions`) is rewritten once and stays
+  shared. Unchanged jaxprs are returned as the same object.
+  """
+  cache: dict[int, Jaxpr] = {}
+
+  def visit(j: Jaxpr) -> Jaxpr:
+    if id(j) in cache:
+      return cache[id(j)]
+    env: dict[Any, Any] = {}
+
+    def sub(a: Any) -> Any:
+      return env.get(a, a) if is_jaxpr_var(a) else a
+
+    new_eqns: list[JaxprEqn] = []
+    changed = False
+    for eqn in j.eqns:
+      if env:
+        eqn = eqn.replace(invars=[sub(a) for a in eqn.invars])
+      out = on_eqn(eqn, visit)
+      if out is None:
+        out = map_sub_jaxprs(eqn, visit)
+      if isinstance(out, Inline):
+        env.update(zip(eqn.outvars, out.outs, strict=True))
+        new_eqns.extend(out.eqns)
+        changed = True
+        continue
+      changed |= out is not eqn
+      new_eqns.append(out)
+    if not changed and not env:
+      result = j
+    else:
+      result = j.replace(eqns=new_eqns, outvars=[sub(v) for v in j.outvars])
+    cache[id(j)] = result
+    return result
+
+  return visit(jaxpr)
+
+
+def is_jaxpr_var(x: Any) -> bool:
+  return isinstance(x, Var) and not isinstance(x, Literal)
+
+
+# ---------------------------------------------------------------- reading
+
+def trace_program(fn: Callable, leaves: list[Any]) -> tuple[Any, Any]:
+  """``make_jaxpr`` of ``fn`` over flat leaves; returns (jaxpr, out shape)."""
+  return jax.make_jaxpr(fn, return_shape=True)(*leaves)
+
+
+def names_in(jaxpr: Jaxpr) -> frozenset[str]:
+  """Every checkpoint name in ``jaxpr`` and the jaxprs nested in it."""
+  return frozenset(n for n in map(compat.checkpoint_name_of, walk(jaxpr))
+                   if n is not None)
+
+
+def count_remat_regions(jaxpr: Jaxpr, marker: Any = None) -> int:
+  """Remat regions in ``jaxpr`` (only those with policy ``marker`` if given)."""
+  return sum(1 for e in walk(jaxpr) if compat.is_remat(e) and (
+      marker is None or compat.remat_policy_of(e) is marker))
+
+
+def float_dtypes_in(jaxpr: Jaxpr) -> frozenset[Any]:
+  """The floating-point dtypes computed anywhere in ``jaxpr``."""
+  found: set[Any] = set()
+  for eqn in walk(jaxpr):
+    for v in eqn.outvars:
+      dtype = getattr(v.aval, "dtype", None)
+      if dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact):
+        found.add(np.dtype(dtype))
+  return frozenset(found)
+
+
+def count_host_offloads(jaxpr: Jaxpr) -> int:
+  """``device_put`` equations to host memory in ``jaxpr`` and nested jaxprs."""
+  return sum(1 for e in walk(jaxpr) if offload_destination(e) == "host")
+
+
+def scan_length(eqn: JaxprEqn) -> int:
+  """Trip count of a ``scan`` equation, 1 for anything else."""
+  if compat.is_scan(eqn):
+    return int(eqn.params["length"])
+  return 1
+
+
+def module_path(eqn: JaxprEqn) -> str:
+  """The name-stack scopes of ``eqn`` (Flax module path), transforms dropped."""
+  return "/".join(compat.module_scopes(eqn))
+
+
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+_MODELS_DIR = _PACKAGE_DIR + "models" + os.sep
+
+
+def _is_toolkit_plumbing(file_name: str) -> bool:
+  # Frames of the toolkit's own wrappers (tag, remat, ...) say nothing about
+  # where in the model a value was made; the built-in models do.
+  return file_name.startswith(_PACKAGE_DIR) and not file_name.startswith(_MODELS_DIR)
+
+
+def source_of(eqn: JaxprEqn) -> str:
+  """``file:line (function)`` of the user frame that made ``eqn``."""
+  return compat.user_source(eqn, _is_toolkit_plumbing)
+
+
+def memory_kind_of(aval: Any) -> str:
+  """``"device"`` or a host memory kind, read from an abstract value."""
+  space = getattr(aval, "memory_space", None)
+  text = str(space).lower() if space is not None else ""
+  return "host" if "host" in text else "device"
+
+
+def offload_destination(eqn: JaxprEqn) -> str | None:
+  """The memory kind a ``device_put`` moves to, if it moves to host memory."""
+  if eqn.primitive.name != "device_put":
+    return None
+  for dev in eqn.params.get("devices", ()):
+    kind = getattr(dev, "memory_kind", None) or str(dev)
+    if "host" in str(kind).lower():
+      return "host"
+  return None
+
+
+# ---------------------------------------------------------------- FLOPs
+
+def _dot_flops(eqn: JaxprEqn) -> int:
+  (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+  lhs = eqn.invars[0].aval
+  out = eqn.outvars[0].aval
+  k = np.prod([lhs.shape[d] for d in lhs_contract], dtype=np.int64)
+  return 2 * int(np.prod(out.shape, dtype=np.int64)) * int(k)
+
+
+def _conv_flops(eqn: JaxprEqn) -> int:
+  rhs = eqn.invars[1].aval
+  out = eqn.outvars[0].aval
+  rhs_spec = eqn.params["dimension_numbers"].rhs_spec  # (out, in, *spatial)
+  kernel = int(np.prod([rhs.shape[d] for d in rhs_spec[2:]], dtype=np.int64))
+  in_per_group = rhs.shape[rhs_spec[1]]
+  return 2 * int(np.prod(out.shape, dtype=np.int64)) * kernel * int(in_per_group)
+
+
+def count_matmul_flops(jaxpr: Jaxpr) -> int:
+  """Matmul and convolution FLOPs of ``jaxpr``, scan bodies times trip count.
+
+  ``cond`` counts its most expensive branch; a ``while`` body counts once
+  (its trip count is not known statically). This is a fold rather than a
+  :func:`walk`: nested bodies are weighted by their trip count.
+  """
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dot_general":
+      total += _dot_flops(eqn)
+    elif name == "conv_general_dilated":
+      total += _conv_flops(eqn)
+    elif name == "cond":
+      total += max((count_matmul_flops(b) for b in sub_jaxprs(eqn)), default=0)
+    else:
+      inner = sum(count_matmul_flops(s) for s in sub_jaxprs(eqn))
+      total += inner * scan_length(eqn)
+  return total
+
+
+# ---------------------------------------------------------------- rewrites
+
+def substitute_policy(jaxpr: Jaxpr, marker: Any,
+                      choose: Callable[[frozenset[str]], Any]) -> Jaxpr:
+  """Replaces the policy of every remat region whose policy is ``marker``.
+
+  ``choose(names_in_region)`` gives the JAX policy for each such region. The
+  rest of the program is shared, not re-traced.
+  """
+  def on_eqn(eqn, recurse):
+    if compat.is_remat(eqn) and compat.remat_policy_of(eqn) is marker:
+      body = compat.remat_body_of(eqn)
+      return compat.with_remat(eqn, recurse(body), choose(names_in(body)))
+    return None
+
+  return rewrite(jaxpr, on_eqn)
+
+
+def set_every_region_policy(jaxpr: Jaxpr, policy: Any) -> Jaxpr:
+  """Gives every remat region, at any depth, ``policy``."""
+  def on_eqn(eqn, recurse):
+    if compat.is_remat(eqn):
+      return compat.with_remat(eqn, recurse(compat.remat_body_of(eqn)), policy)
+    return None
+
+  return rewrite(jaxpr, on_eqn)
+
+
+def inline_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
+  """``jaxpr`` with every remat region whose policy is ``marker`` inlined.
+
+  The result is the program without those regions: what a training step
+  costs with no remat at all (under jax 0.10's remat3, ``everything_saveable`` still
+  recomputes un-named values, so it is not that baseline). A remat3 region
+  whose body captured constants stays a region.
+  """
+  def on_eqn(eqn, recurse):
+    if not (compat.is_remat(eqn) and compat.remat_policy_of(eqn) is marker
+            and not compat.remat_body_consts(eqn)):
+      return None
+    body = recurse(compat.remat_body_of(eqn))
+    benv = dict(zip(body.invars, eqn.invars, strict=True))
+    eqns = []
+    for be in body.eqns:
+      outs = [v if isinstance(v, compat.DropVar) else Var(v.aval)
+              for v in be.outvars]
+      eqns.append(be.replace(
+          invars=[benv.get(a, a) if is_jaxpr_var(a) else a for a in be.invars],
+          outvars=outs))
+      benv.update(zip(be.outvars, outs, strict=True))
+    return Inline(eqns, [benv.get(v, v) if is_jaxpr_var(v) else v
+                         for v in body.outvars])
+
+  return rewrite(jaxpr, on_eqn)
+
+
+def strip_remat(jaxpr: Jaxpr) -> tuple[Jaxpr, int]:
+  """``jaxpr`` without any remat region: the program with no recomputation.
+
+  Every region (ambient or with its own policy) is inlined. A remat3 region
+  whose body captured constants cannot be inlined; it gets
+  ``everything_saveable`` instead (which under jax 0.10's remat3 recomputes
+  un-named values, so it is counted).
+
+  Returns:
+    ``(jaxpr, regions_left)``.
+  """
+  marker = compat.policy_marker("strip")
+  inlined = inline_regions(set_every_region_policy(jaxpr, marker), marker)
+  left = count_remat_regions(inlined, marker)
+  if left:
+    inlined = substitute_policy(
+        inlined, marker, lambda _: jax.checkpoint_policies.everything_saveable)
+  return inlined, left
+
+
+def share_identical_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
+  """Makes structurally identical remat bodies one shared jaxpr object.
+
+  The unrolled layers of a model trace to equal bodies that differ only in
+  their module scope (``layers_3/...``). Moving that scope onto the remat
+  equation and sharing one body lets JAX's own per-jaxpr caches (JVP,
+  partial evaluation) serve every layer, so analysing another policy costs
+  one layer's work instead of one per layer. Module paths are unchanged:
+  JAX prefixes the equation's name stack when it evaluates the body.
+  """
+  if compat.remat3_enabled():
+    return jaxpr  # remat3 re-traces regions itself; sharing buys nothing.
+  shared: dict[str, Jaxpr] = {}
+
+  def on_eqn(eqn, recurse):
+    if (eqn.primitive is compat.remat_p and compat.remat_policy_of(eqn) is marker
+        and not compat.remat_body_of(eqn).constvars):
+      return _share_body(eqn, shared)
+    return None
+
+  return rewrite(jaxpr, on_eqn)
+
+
+def _share_body(eqn: JaxprEqn, shared: dict[str, Jaxpr]) -> JaxprEqn:
+  body = compat.remat_body_of(eqn)
+  prefix = _common_scopes(body)
+  if prefix:
+    body = body.replace(eqns=[compat.drop_leading_scopes(e, len(prefix))
+                              for e in body.eqns])
+  canonical = shared.setdefault(str(body), body)
+  moved = compat.prefix_scopes(eqn, prefix)
+  return compat.with_remat(moved, canonical, compat.remat_policy_of(eqn))
+
+
+def _common_scopes(body: Jaxpr) -> tuple[Any, ...]:
+  """The leading name-stack scopes every equation of ``body`` shares."""
+  stacks = [compat.leading_scopes(e) for e in body.eqns]
+  if not stacks:
+    return ()
+  prefix = []
+  for items in zip(*stacks):
+    first = items[0]
+    if not compat.is_scope(first) or any(it != first for it in items[1:]):
+      break
+    prefix.append(first)
+  return tuple(prefix)
+
+
+# ---------------------------------------------------------------- evaluating
+
+def eval_with_jitted_regions(jaxpr: Jaxpr, consts: list[Any], *args: Any
+                             ) -> list[Any]:
+  """``eval_jaxpr``, but each top-level remat2 region runs as a jitted call.
+
+  JAX linearizes a jitted call once per distinct jaxpr and caches it, so
+  regions that share a body (see :func:`share_identical_regions`) cost one
+  region's work when a policy is analysed, not one per layer.
+  """
+  env: dict[Any, Any] = {}
+
+  def read(v):
+    return v.val if isinstance(v, Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts, strict=True):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args, strict=True):
+    env[v] = x
+  for eqn in jaxpr.eqns:
+    with compat.eval_context(eqn):
+      if eqn.primitive is compat.remat_p:
+        outs = _jitted_region(compat.remat_body_of(eqn),
+                              compat.remat_policy_of(eqn),
+                              eqn.params["prevent_cse"])(*map(read, eqn.invars))
+      else:
+        params = eqn.primitive.get_bind_params(eqn.params)
+        outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
+        if not eqn.primitive.multiple_results:
+          outs = [outs]
+    for v, x in zip(eqn.outvars, outs, strict=True):
+      env[v] = x
+  return [read(v) for v in jaxpr.outvars]
+
+
+_JITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _jitted_region(body: Jaxpr, policy: Any, prevent_cse: Any) -> Callable:
+  per_body = _JITTED.setdefault(body, {})
+  key = (id(policy), prevent_cse)
+  entry = per_body.get(key)
+  if entry is None or entry[0] is not policy:
+    def region(*xs):
+      return compat.bind_remat(body, policy, prevent_cse, *xs)
+    entry = per_body[key] = (policy, jax.jit(region))
+  return entry[1]
+
+
+# ---------------------------------------------------------------- effects
+
+#: Host-callback primitives: their Python function runs again whenever the
+#: region around them is recomputed (``pure_callback`` carries no effect).
+CALLBACK_PRIMITIVES: frozenset[str] = frozenset(
+    {"debug_callback", "debug_print", "io_callback", "pure_callback",
+     "callback"})
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectSite:
+  """An effectful or host-callback equation found inside a remat region."""
+
+  primitive: str
+  effects: tuple[str, ...]
+  module_path: str
+  source: str
+
+
+def effects_in_remat_regions(jaxpr: Jaxpr) -> list[EffectSite]:
+  """Effectful and host-callback equations inside any remat region.
+
+  Each runs once in the forward pass and again whenever the backward pass
+  recomputes its region (``jax.debug.print`` prints twice). Nested regions
+  are searched once, from the outermost.
+  """
+  found: list[EffectSite] = []
+  outermost = (e for e in walk(jaxpr, descend=lambda e: not compat.is_remat(e))
+               if compat.is_remat(e))
+  for region in outermost:
+    for eqn in walk(compat.remat_body_of(region)):
+      if ((eqn.effects or eqn.primitive.name in CALLBACK_PRIMITIVES)
+          and not sub_jaxprs(eqn)):  # the effect, not a call carrying it
+        found.append(EffectSite(
+            eqn.primitive.name,
+            tuple(sorted(type(e).__name__ for e in eqn.effects)),
+            module_path(eqn), source_of(eqn)))
+  return found
+
+
+# ---------------------------------------------------------------- text
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def _param_text(value: Any, emit: Callable[[Jaxpr, str], None], indent: str
+                ) -> str:
+  """A deterministic rendering of one equation parameter."""
+  if compat.is_jaxpr_value(value):
+    emit(compat.inner_jaxpr(value), indent)
+    return f"<jaxpr, consts {_consts_text(compat.jaxpr_consts(value))}>"
+  if isinstance(value, (tuple, list)):
+    return "(" + ", ".join(_param_text(v, emit, indent) for v in value) + ")"
+  inner = getattr(value, "params", None)
+  if isinstance(inner, dict):  # remat3's RematTraced / CheckpointName
+    fields = ", ".join(f"{k}={_param_text(v, emit, indent)}"
+                       for k, v in sorted(inner.items()))
+    return f"{type(value).__name__}({fields})"
+  return _ADDRESS.sub("0x?", repr(value))
+
+
+def _consts_text(consts: Any) -> str:
+  parts = []
+  for c in consts:
+    x = np.asarray(c)
+    digest = hashlib.sha1(x.tobytes()).hexdigest()[:12]
+    parts.append(f"{x.dtype}{list(x.shape)}#{digest}")
+  return "[" + ", ".join(parts) + "]"
+
+
+def canonical_lines(closed: Any) -> list[str]:
+  """``closed`` as text lines that depend only on its structure and values.
+
+  Variables are numbered by first appearance in their jaxpr, nested jaxprs
+  are written inline at each use (JAX's printer hoists shared ones in an
+  order that depends on its caches), object addresses are masked and
+  constants are written as dtype, shape and a hash of their bytes.
+  """
+  lines: list[str] = []
+
+  def emit(jaxpr: Jaxpr, indent: str) -> None:
+    names: dict[Any, int] = {}  # a jaxpr's variables are local to it
+
+    def ref(v: Any) -> str:
+      if isinstance(v, Literal):
+        return f"{np.asarray(v.val).tolist()!r}:{v.aval.str_short()}"
+      if v not in names:
+        names[v] = len(names)
+      return f"v{names[v]}"
+
+    lines.append(f"{indent}in " + " ".join(
+        f"{ref(v)}:{v.aval.str_short()}" for v in [*jaxpr.constvars,
+                                                   *jaxpr.invars]))
+    for eqn in jaxpr.eqns:
+      params = ", ".join(f"{k}={_param_text(val, emit, indent + '  ')}"
+                         for k, val in sorted(eqn.params.items()))
+      outs = " ".join(f"{ref(v)}:{v.aval.str_short()}" for v in eqn.outvars)
+      ins = " ".join(ref(v) for v in eqn.invars)
+      lines.append(f"{indent}{outs} = {eqn.primitive.name}[{params}] {ins}")
+    lines.append(f"{indent}out " + " ".join(ref(v) for v in jaxpr.outvars))
+
+  emit(closed.jaxpr, "")
+  lines.append(f"consts {_consts_text(closed.consts)}")
+  return lines
+
+
+def trace_difference(a: Any, b: Any) -> str | None:
+  """How two traces of one function differ; None when structurally equal.
+
+  Compares :func:`canonical_lines` of both and names the first difference.
+  """
+  lines_a, lines_b = canonical_lines(a), canonical_lines(b)
+  for la, lb in zip(lines_a, lines_b):
+    if la != lb:
+      return f"{_clip(la)!r} became {_clip(lb)!r}"
+  if len(lines_a) != len(lines_b):
+    return (f"the first trace has {len(lines_a)} equations and lines, the "
+            f"second {len(lines_b)}")
+  return None
+
+
+def _clip(text: str, limit: int = 160) -> str:
+  text = text.strip()
+  return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,243 @@
+"""Residual accounting: the training step under a policy, and what it keeps.
+
+:func:`trace_training_step` traces ``jax.vjp`` of a program and measures its
+backward pass; :func:`residual_origins` says, for each residual, where it was
+made, under which name, how many bytes and in which memory, and which
+variable of the step holds it (for sharding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
+from remat_toolkit._compat import Jaxpr, JaxprEqn, Literal
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedStep:
+  """Forward pass with residuals, plus what the backward pass costs.
+
+  ``jaxpr`` has outvars ``[loss, *residuals]``; ``backward_flops`` counts the
+  matmul FLOPs of the backward pass, recomputation included.
+  """
+
+  jaxpr: Any
+  num_residuals: int
+  backward_flops: int
+
+
+def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
+                        forward_flops: int) -> TracedStep:
+  """Traces ``jax.vjp`` of ``jaxpr`` and measures its backward pass.
+
+  Under remat2 the backward cost is read off the linearized jaxpr JAX keeps
+  in the VJP (each linear matmul transposes to one matmul of equal cost, and
+  remat regions carry their recomputation), so the backward pass is never
+  traced. remat3 hides its linear program inside an opaque primitive, so
+  there the backward pass is traced and dead code dropped.
+  """
+  remat3 = compat.remat3_enabled()
+  evaluate = compat.eval_jaxpr if remat3 else _jaxpr.eval_with_jitted_regions
+
+  def loss(*xs):
+    return evaluate(jaxpr, consts, *xs)[0]
+
+  captured: list[Any] = []
+
+  def forward(*xs):
+    out, vjp_fn = jax.vjp(loss, *xs)
+    captured.append(vjp_fn)
+    return out, jax.tree_util.tree_leaves(vjp_fn)
+
+  closed = jax.make_jaxpr(forward)(*leaves)
+  num_res = len(closed.jaxpr.outvars) - 1
+  linear = getattr(captured[0], "jaxpr", None)
+  if linear is not None and not remat3:
+    return TracedStep(closed, num_res, _jaxpr.count_matmul_flops(linear))
+  return TracedStep(closed, num_res,
+                    _traced_step_flops(loss, leaves) - forward_flops)
+
+
+def _traced_step_flops(loss: Callable, leaves: list[Any]) -> int:
+  def step(*xs):
+    out, vjp_fn = jax.vjp(loss, *xs)
+    return out, vjp_fn(jax.numpy.ones_like(out))
+
+  closed = jax.make_jaxpr(step)(*leaves)
+  # remat3 leaves dead recomputation in the traced program (XLA drops it).
+  live = compat.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+  return _jaxpr.count_matmul_flops(live)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualOrigin:
+  """Where one residual comes from, as read off the step jaxpr.
+
+  Attributes:
+    aval: its abstract value (shape, dtype, memory space).
+    kind: ``"argument"`` or ``"activation"``.
+    name: its checkpoint name, if any.
+    primitive: the primitive that made it.
+    module_path: the Flax module path of the equation that made it.
+    source: ``file:line (function)`` of the code that made it.
+    memory_kind: ``"device"`` or ``"host"``.
+    stacked: the scan length it is stacked over.
+    arg_index: for arguments, the index of the step's argument.
+    var: the step variable holding it (what XLA shards), or a literal.
+  """
+
+  aval: Any
+  kind: str
+  name: str | None
+  primitive: str
+  module_path: str
+  source: str
+  memory_kind: str
+  stacked: int
+  arg_index: int | None
+  var: Any = None
+
+
+def _producers(jaxpr: Jaxpr) -> dict[Any, JaxprEqn]:
+  return {v: e for e in jaxpr.eqns for v in e.outvars if _jaxpr.is_jaxpr_var(v)}
+
+
+def _join(prefix: str, path: str) -> str:
+  if not prefix:
+    return path
+  if not path or path == prefix or path.startswith(prefix + "/"):
+    return path or prefix
+  return f"{prefix}/{path}"
+
+
+class _OriginTracer:
+  """Follows a variable through scan/jit/remat bodies to its named producer."""
+
+  def __init__(self):
+    self._producers: dict[int, dict[Any, JaxprEqn]] = {}
+
+  def producer(self, jaxpr: Jaxpr, var: Any) -> JaxprEqn | None:
+    if id(jaxpr) not in self._producers:
+      self._producers[id(jaxpr)] = _producers(jaxpr)
+    return self._producers[id(jaxpr)].get(var)
+
+  def origin(self, var: Any, jaxpr: Jaxpr, prefix: str = "", stacked: int = 1,
+             host: bool = False) -> dict:
+    eqn = self.producer(jaxpr, var)
+    if eqn is None:  # an input of the enclosing body: the region/loop input
+      return dict(name=None, primitive="input", module_path=prefix,
+                  source="", stacked=stacked, host=host)
+    path = _join(prefix, _jaxpr.module_path(eqn))
+    name = compat.checkpoint_name_of(eqn)
+    if name is not None:
+      return dict(name=name, primitive=self._named_primitive(eqn, jaxpr),
+                  module_path=path, source=_jaxpr.source_of(eqn),
+                  stacked=stacked, host=host)
+    prim = eqn.primitive.name
+    index = eqn.outvars.index(var)
+    if prim in ("reduce_precision", "device_put"):
+      # A copy (remat3 rounds saved values; an offload moves them): the
+      # residual is the value it copies.
+      host = host or _jaxpr.offload_destination(eqn) == "host"
+      inner = eqn.invars[index if prim == "device_put" else 0]
+      if _jaxpr.is_jaxpr_var(inner):
+        return self.origin(inner, jaxpr, prefix, stacked, host)
+    if prim == "scan":  # the forward program: never a linearized node
+      body = _jaxpr.sub_jaxprs(eqn)[0]
+      if index >= compat.scan_num_carry(eqn):  # stacked: one value per step
+        inner = body.outvars[index]
+        if _jaxpr.is_jaxpr_var(inner):
+          return self.origin(inner, body, path,
+                             stacked * _jaxpr.scan_length(eqn), host)
+    elif prim in ("pjit", "jit", "closed_call", "core_call") or compat.is_remat(eqn):
+      subs = _jaxpr.sub_jaxprs(eqn)
+      if len(subs) == 1 and len(subs[0].outvars) == len(eqn.outvars):
+        inner = subs[0].outvars[index]
+        if _jaxpr.is_jaxpr_var(inner):
+          found = self.origin(inner, subs[0], path, stacked, host)
+          if found["primitive"] != "input":
+            return found
+    return dict(name=None, primitive=prim, module_path=path,
+                source=_jaxpr.source_of(eqn), stacked=stacked, host=host)
+
+  def _named_primitive(self, eqn: JaxprEqn, jaxpr: Jaxpr) -> str:
+    """The primitive that produced the value a checkpoint name was put on."""
+    inner = eqn.invars[0] if eqn.invars else None
+    if _jaxpr.is_jaxpr_var(inner):
+      producer = self.producer(jaxpr, inner)
+      if producer is not None:
+        return producer.primitive.name
+    return "name"
+
+
+def residual_origins(step: Any, num_out: int, num_res: int
+                     ) -> list[ResidualOrigin]:
+  """One :class:`ResidualOrigin` per residual of a traced training step.
+
+  Mirrors ``jax.ad_checkpoint.saved_residuals`` (same residual set, same
+  order of categories) but follows names into scan, jit and remat bodies.
+  A ``reduce_precision`` copy counts as the value it copies, once.
+  """
+  jaxpr = step.jaxpr
+  copies = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+            if e.primitive.name == "reduce_precision"}
+  invar_index = {v: i for i, v in enumerate(jaxpr.invars)}
+  tracer = _OriginTracer()
+  origins = []
+  seen: set[Any] = set()
+  for v in jaxpr.outvars[num_out:num_out + num_res]:
+    if isinstance(v, Literal):
+      origins.append(ResidualOrigin(v.aval, "activation", None, "literal", "",
+                                    "", "device", 1, None, v))
+      continue
+    base = copies.get(v, v)
+    if base in seen:
+      continue
+    seen.add(base)
+    if base in invar_index or base in jaxpr.constvars:
+      origins.append(ResidualOrigin(
+          base.aval, "argument", None, "argument", "", "",
+          _jaxpr.memory_kind_of(base.aval), 1, invar_index.get(base), base))
+      continue
+    found = tracer.origin(base, jaxpr)
+    host = found["host"] or _jaxpr.memory_kind_of(v.aval) == "host"
+    origins.append(ResidualOrigin(
+        v.aval, "activation", found["name"], found["primitive"],
+        found["module_path"], found["source"], "host" if host else "device",
+        found["stacked"], None, v))
+  return origins
+
+
+def aval_nbytes(aval: Any) -> int:
+  """Bytes of an abstract value (all of it, stacked axes included)."""
+  return int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+
+
+def residual_shardings(step: Any, variables: list[Any],
+                       leaves: list[Any]) -> list[Any]:
+  """The sharding XLA gives each of ``variables`` of the traced step.
+
+  Compiles the step's forward part with those variables as outputs, the
+  arguments sharded as ``leaves`` say (their ``sharding``), and the output
+  shardings left to XLA's sharding propagation: what a jitted training step
+  holds on each device. A literal gets ``None``.
+  """
+  outs = [v for v in variables if not isinstance(v, Literal)]
+  forward = compat.dce_jaxpr(step.jaxpr.replace(outvars=outs),
+                             [True] * len(outs))
+  consts = step.consts
+
+  def run(*xs):
+    return compat.eval_jaxpr(forward, consts, *xs)
+
+  compiled = jax.jit(run).lower(*leaves).compile()
+  shardings = iter(compiled.output_shardings)
+  return [None if isinstance(v, Literal) else next(shardings) for v in variables]
