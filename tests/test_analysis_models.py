@@ -11,6 +11,7 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit import _compat as compat
+from remat_toolkit import _jaxpr
 from remat_toolkit import analysis
 from remat_toolkit import cli
 from remat_toolkit import models
@@ -79,7 +80,7 @@ def test_identical_layers_share_one_body_without_changing_the_report():
               if e.primitive is compat.remat_p}
     assert program.regions == 4 and len(bodies) == 1
     shared = program.report(rt.get_policy("save-attention"))
-    with mock.patch.object(internals, "share_identical_regions", lambda j, m: j):
+    with mock.patch.object(_jaxpr, "share_identical_regions", lambda j, m: j):
       plain = analysis.TracedProgram(fn, args).report(rt.get_policy("save-attention"))
   assert shared.to_dict() == plain.to_dict()
   assert {f"layers_{i}/attn" for i in range(4)} <= {

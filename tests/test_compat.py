@@ -332,3 +332,25 @@ def test_module_path_drops_transform_scopes(remat_mode):
   found = set(paths(jaxpr))
   assert "_Model/block/proj" in found
   assert all("jvp" not in p and "transpose" not in p for p in found)
+
+
+# ------------------------------------------------------------ the boundary
+
+_PRIVATE = re.compile(r"jax\._src|from flax\.core import lift|flax\.core\.lift\b"
+                      r"|linen\.transforms|from flax\.linen import transforms"
+                      r"|jax_remat3")
+
+
+def test_only_the_compat_layer_touches_jax_and_flax_internals():
+  import pathlib
+  package = pathlib.Path(compat.__file__).parent
+  offenders = []
+  for path in sorted(package.rglob("*.py")):
+    if path.name == "_compat.py":
+      continue
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+      code = line.split("#")[0]
+      if _PRIVATE.search(code) and not code.lstrip().startswith(('"', "'")):
+        if "import" in code or "config" in code:
+          offenders.append(f"{path.name}:{number}: {line.strip()}")
+  assert not offenders, offenders
