@@ -123,6 +123,8 @@ def test_report_counts_offloaded_residuals_as_host_bytes(policy, framework):
 
 @pytest.mark.parametrize("policy", OFFLOADING)
 def test_offloading_under_remat3_raises_a_clear_error(policy):
+  if compat.remat3_offloads():
+    pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
   fn, args = models.build_loss(CONFIG)
   with compat.remat3(True):
     with pytest.raises(ValueError, match=rf"{policy}.*jax_remat3.*silently"):

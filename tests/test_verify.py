@@ -19,6 +19,7 @@ import pytest
 from jax.experimental import io_callback
 
 import remat_toolkit as rt
+from shared_helpers import JAX_RELEASE
 from remat_toolkit import _compat as compat
 from remat_toolkit import _jaxpr
 from remat_toolkit import _residuals
@@ -92,10 +93,14 @@ def test_pin_save_anything_except_these_names_saves_everything():
   assert stub == everything
 
 
-def test_raw_save_anything_except_these_names_is_a_no_op(remat_mode):
+def test_raw_save_anything_except_these_names_is_a_no_op(request, remat_mode):
+  if remat_mode and compat.remat3_calls_policies():
+    request.applymarker(pytest.mark.xfail(strict=True, reason=(
+        "known gap: a remat3 that calls policies keeps named values and "
+        "matmuls under the stub, which matches neither baseline")))
   v = rt.verify(loss, W, X,
                 policy=cp.save_anything_except_these_names("ffn.up"))
-  if remat_mode:  # remat3 ignores the closure: full recomputation
+  if remat_mode:  # jax 0.10's remat3 ignores the closure: full recomputation
     assert v.no_op == "boundary-only"
     assert any("jax_remat3" in w for w in v.warnings)
   else:
@@ -209,7 +214,7 @@ def test_pin_remat2_refuses_io_callback_in_a_remat_region(remat_mode):
       return jnp.sin(x)
     return jax.checkpoint(body)(x).sum()
 
-  if remat_mode:  # remat3 differentiates it, and runs it again
+  if remat_mode and JAX_RELEASE == "0.10":  # remat3 runs it again
     jax.grad(f)(jnp.ones(3))
     assert len(calls) == 2
   else:
@@ -218,7 +223,7 @@ def test_pin_remat2_refuses_io_callback_in_a_remat_region(remat_mode):
 
 
 def test_io_callback_in_a_region(remat_mode):
-  if not remat_mode:
+  if not remat_mode or JAX_RELEASE != "0.10":  # JAX refuses it
     with pytest.raises(ValueError, match=r"io_callback at .*test_verify.py.*"
                        r"Move the callback out of the remat region"):
       rt.verify(_io_loss, W, X, policy="save-ffn")
