@@ -216,9 +216,19 @@ def residual_origins(step: Any, num_out: int, num_res: int
   return origins
 
 
+def dtype_itemsize(dtype: Any) -> int:
+  """Bytes per element, extended dtypes included (a threefry key is 8).
+
+  Raises:
+    TypeError: for a dtype name numpy does not know (pass the dtype object).
+  """
+  size = getattr(dtype, "itemsize", None)
+  return int(size) if size is not None else np.dtype(dtype).itemsize
+
+
 def aval_nbytes(aval: Any) -> int:
   """Bytes of an abstract value (all of it, stacked axes included)."""
-  return int(math.prod(aval.shape)) * np.dtype(aval.dtype).itemsize
+  return int(math.prod(aval.shape)) * dtype_itemsize(aval.dtype)
 
 
 def residual_shardings(step: Any, variables: list[Any],

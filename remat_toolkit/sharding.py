@@ -25,8 +25,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from remat_toolkit import _residuals
 
 __all__ = ["device_count", "per_device_activation_bytes", "shard_nbytes"]
@@ -52,7 +50,7 @@ def shard_nbytes(shape: Sequence[int], dtype: Any, sharding: Any) -> int:
     The bytes one device holds.
   """
   local = tuple(shape) if sharding is None else sharding.shard_shape(tuple(shape))
-  return int(math.prod(local)) * np.dtype(dtype).itemsize
+  return int(math.prod(local)) * _residuals.dtype_itemsize(dtype)
 
 
 def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
@@ -81,8 +79,9 @@ def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
   shardings = _residuals.residual_shardings(
       step.jaxpr, [o.var for o in origins], list(leaves))
   total = 0
-  for residual, sharding in zip(residuals, shardings, strict=True):
+  for residual, origin, sharding in zip(residuals, origins, shardings,
+                                       strict=True):
     if residual.kind != "activation" or residual.memory_kind != "device":
       continue
-    total += shard_nbytes(residual.shape, residual.dtype, sharding)
+    total += shard_nbytes(residual.shape, origin.aval.dtype, sharding)
   return devices, total

@@ -316,3 +316,24 @@ def test_compile_adds_xla_memory_with_scheduler_note():
   assert report.xla["temp_bytes"] >= 0 and report.xla["argument_bytes"] > 0
   if jax.default_backend() == "cpu":
     assert "scheduler" in report.xla["scheduler"]
+
+
+def test_a_captured_prng_key_is_counted_with_its_bytes(remat_mode):
+  # A key closed over by a region is a constant residual of extended dtype
+  # key<fry>, which numpy cannot size.
+  key = jax.random.key(0)
+
+  @rt.remat
+  def region(w, x):
+    return jnp.tanh(x @ w + jax.random.normal(key, (4, 8)))
+
+  def loss(w, x):
+    return region(w, x).sum()
+
+  args = (jnp.ones((8, 8)), jnp.ones((4, 8)))
+  report = rt.analyze(loss, *args, policy="boundary-only")
+  keys = [r for r in report.residuals if r.dtype.startswith("key")]
+  theirs = [aval for aval, _ in compat.saved_residuals(loss, *args)
+            if str(aval.dtype).startswith("key")]
+  assert len(keys) == len(theirs)
+  assert all(r.nbytes == 8 and r.kind == "argument" for r in keys)
