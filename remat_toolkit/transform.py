@@ -157,8 +157,11 @@ def _split_static(spec: _RegionSpec, args: tuple, kwargs: dict
 
 def _names_decide_policy(policy: Any) -> bool:
   """Whether this region's lowering (or its warning) depends on its names."""
-  if context._region_override.get() is not None:
-    # The analyzer re-uses one trace per policy: no discovery trace here.
+  if policy is None and context._region_override.get() is not None:
+    # The analyzer gives regions that read the ambient policy one policy per
+    # trace itself; a region with its own policy still needs its names, or
+    # its patterns would expand against the names tagged so far in the
+    # process, which the first trace has not seen yet.
     return False
   resolved = context.resolve(policy if policy is not None
                              else context.current_policy())
