@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 
 __all__ = ["format_bytes", "format_flops", "text_table", "html_table", "parse_bytes"]
@@ -32,40 +33,51 @@ def format_bytes(n: float) -> str:
   raise AssertionError("unreachable")
 
 
-def parse_bytes(value: int | str) -> int:
-  """Bytes from an int or a size string such as ``"8GiB"`` or ``"1.5 GB"``.
+def parse_bytes(value: int | float | str) -> int:
+  """Bytes from a number or a size string such as ``"8GiB"`` or ``"1.5 GB"``.
+
+  Units are case-insensitive. ``K``/``M``/``G``/``T`` and ``KiB``/``MiB``/
+  ``GiB``/``TiB`` are binary (``"2G"`` is 2 * 2**30 bytes); ``KB``/``MB``/
+  ``GB``/``TB`` are decimal (``"2GB"`` is 2 * 10**9 bytes), as in
+  ``jax.devices()[0].memory_stats()`` versus a vendor's data sheet. A float
+  number of bytes is rounded down.
 
   Raises:
-    ValueError: if the string is not a size.
-    TypeError: if the value is neither int nor str.
+    ValueError: if the value is negative, not finite, or not a size.
+    TypeError: if the value is neither a number nor a string.
 
   Example:
     >>> parse_bytes("8GiB")
     8589934592
+    >>> parse_bytes("2GB")
+    2000000000
     >>> parse_bytes(1024)
     1024
   """
-  if isinstance(value, bool) or not isinstance(value, (int, str)):
+  if isinstance(value, bool) or not isinstance(value, (int, float, str)):
     raise TypeError(
-        f"A memory size must be an int (bytes) or a string like '8GiB', got "
-        f"{value!r} of type {type(value).__name__}.")
-  if isinstance(value, int):
-    if value < 0:
+        f"A memory size must be a number of bytes or a string like '8GiB', "
+        f"got {value!r} of type {type(value).__name__}.")
+  if isinstance(value, (int, float)):
+    amount, unit = value, "b"
+  else:
+    text = value.strip().lower().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):] or "b"
+    try:
+      amount = float(number)
+    except ValueError:
+      amount = None
+    if amount is None or unit not in _PARSE_UNITS:
       raise ValueError(
-          f"A memory size cannot be negative, got {value}; give bytes as a "
-          "non-negative int or a string such as '512MiB' or '8GiB'.")
-    return value
-  text = value.strip().lower().replace(" ", "")
-  number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
-  unit = text[len(number):] or "b"
-  try:
-    amount = float(number)
-  except ValueError:
-    amount = None
-  if amount is None or unit not in _PARSE_UNITS or amount < 0:
+          f"{value!r} is not a memory size; write bytes as a number or a "
+          "string such as '512MiB', '8GiB' (binary) or '1.5GB' (decimal).")
+  if not math.isfinite(amount):
+    raise ValueError(f"A memory size must be finite, got {value!r}.")
+  if amount < 0:
     raise ValueError(
-        f"{value!r} is not a memory size; write bytes as an int or a string "
-        "such as '512MiB', '8GiB' or '1.5GB'.")
+        f"A memory size cannot be negative, got {value!r}; give a "
+        "non-negative number of bytes or a string such as '512MiB' or '8GiB'.")
   return int(amount * _PARSE_UNITS[unit])
 
 
