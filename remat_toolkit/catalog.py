@@ -121,13 +121,14 @@ class _Registry:
       if key in self._policies:
         return self._policies[key]
       valid = sorted(self._policies)
-      every = valid + sorted(self._aliases)
-    close = difflib.get_close_matches(key, every, n=3, cutoff=0.5)
+      aliases = sorted(self._aliases)
+    close = difflib.get_close_matches(key, valid + aliases, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    # Suggestions may be aliases, so the list names them too.
     raise ValueError(
-        f"Unknown remat policy {name!r}.{hint} Valid names: {', '.join(valid)} "
-        "(run `remat-toolkit list`, or add your own with "
-        "remat_toolkit.load_policies(path)).")
+        f"Unknown remat policy {name!r}.{hint} Valid names: {', '.join(valid)}; "
+        f"their aliases: {', '.join(aliases)} (run `remat-toolkit list`, or "
+        "add your own with remat_toolkit.load_policies(path)).")
 
   def names(self) -> list[str]:
     self._ensure_loaded()

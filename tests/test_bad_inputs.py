@@ -192,6 +192,9 @@ CASES = [
          lambda: _under_remat3(lambda: rt.verify(
              good_loss, W, X, policy="offload-qkv", check_values=False)),
          ValueError, (r"'offload-qkv'", r"jax 0\.", r"jax_remat3', False")),
+    Case("get_policy", "a misspelt alias",
+         lambda: rt.get_policy("save_qkv_prj"), ValueError,
+         (r"Did you mean 'save-qkv-proj'", r"their aliases: .*save-qkv-proj")),
     # ---- budgets
     Case("plan", "budget='lots'",
          lambda: rt.plan(good_loss, W, X, budget="lots"), ValueError,
