@@ -77,7 +77,12 @@ def resolve_optimizer(optimizer: Any) -> tuple[Any, str]:
           f"{sorted(OPTIMIZERS)}, or pass an optax GradientTransformation.")
     return OPTIMIZERS[key](), key
   if callable(getattr(optimizer, "init", None)):
-    return optimizer, type(optimizer).__name__
+    cls = type(optimizer)
+    # optax's transformations are all one NamedTuple class
+    # (GradientTransformationExtraArgs): its name says nothing to a user.
+    if cls.__module__.split(".")[0] == "optax":
+      return optimizer, "optax optimizer"
+    return optimizer, cls.__name__
   raise TypeError(
       f"optimizer must be an optax GradientTransformation or a name such as "
       f"'adamw', got {optimizer!r}.")

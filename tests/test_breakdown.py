@@ -56,6 +56,8 @@ def test_optax_transformation_and_names():
   momentum = rt.memory_breakdown(loss, PARAMS, batch(4),
                                  optimizer=optax.sgd(0.1, momentum=0.9))
   assert momentum.optimizer_bytes == PARAM_BYTES
+  assert momentum.optimizer == "optax optimizer"
+  assert "GradientTransformation" not in str(momentum)
   plain = rt.memory_breakdown(loss, PARAMS, batch(4), optimizer="sgd")
   assert plain.optimizer_bytes == 0
   none = rt.memory_breakdown(loss, PARAMS, batch(4))
