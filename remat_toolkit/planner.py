@@ -125,6 +125,18 @@ class _Choice:
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
+def _model_id(fn: Callable[..., Any], program: TracedProgram) -> str:
+  """A short digest of what was planned for: the function and its inputs.
+
+  Plan names carry it, so plans for two models never share a name when
+  both are loaded into one catalogue.
+  """
+  name = getattr(fn, "__qualname__", None) or type(fn).__name__
+  inputs = [f"{x.dtype}{list(x.shape)}" for x in program._leaves]
+  text = json.dumps([name, inputs, sorted(program.names), program.regions])
+  return hashlib.sha1(text.encode()).hexdigest()[:6]
+
+
 def _literal(name: str) -> str:
   # A checkpoint name is matched as a glob pattern if it has * ? or [;
   # escape them so the plan selects exactly that name.
@@ -706,6 +718,7 @@ class Planner:
     self.device_flops = float(device_flops)
     self._evaluate = _Evaluator(program, self.device_flops / self.host_bandwidth)
     self.names: tuple[str, ...] = tuple(sorted(program.names))
+    self.model_id = _model_id(fn, program)
     self._named = self._catalogue()
     self._whole = {m: self._evaluate(_Choice(mode=m)) for m in _MODES
                    if allow_offload or m not in _OFFLOAD_MODES}
@@ -781,7 +794,7 @@ class Planner:
     if best is None:
       raise self._infeasible(limit, complete, peak)
     choice = best.choice
-    policy = choice.policy(f"plan-{choice.digest()}",
+    policy = choice.policy(f"plan-{self.model_id}-{choice.digest()}",
                            _describe(choice, limit, best, peak))
     workspace = self.workspace_bytes(best.device_bytes)
     return Plan(

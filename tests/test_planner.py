@@ -215,8 +215,10 @@ def test_budget_strings_and_bad_budgets():
           == rt.plan(loss, *ARGS, budget=kib * 1024).policy)
   with pytest.raises(ValueError, match="not a memory size"):
     rt.plan(loss, *ARGS, budget="lots")
+  assert (rt.plan(loss, *ARGS, budget=float(kib * 1024)).policy
+          == rt.plan(loss, *ARGS, budget=kib * 1024).policy)
   with pytest.raises(TypeError, match="memory size"):
-    rt.plan(loss, *ARGS, budget=1.5)
+    rt.plan(loss, *ARGS, budget=[kib])
 
 
 @pytest.fixture
@@ -244,6 +246,20 @@ def test_save_writes_a_policy_file_that_loads_back_equal(tmp_path, fresh_catalog
       p.activation_bytes)
   with pytest.raises(ValueError, match="file path"):
     p.save(tmp_path)
+
+
+def test_plans_for_two_models_load_side_by_side(tmp_path, fresh_catalogue):
+  # Same kept names, different models: a name from the kept set alone made
+  # the second load collide with the first.
+  wide = ([(S((D, H), jnp.float32), S((K, H), jnp.float32),
+            S((H, D), jnp.float32))] * L, S((2 * B, D), jnp.float32))
+  first = rt.plan(loss, *ARGS, budget="1GiB")
+  second = rt.plan(loss, *wide, budget="1GiB")
+  assert first.decisions == second.decisions
+  assert first.policy.name != second.policy.name
+  loaded = [*rt.load_policies(first.save(tmp_path / "a.toml")),
+            *rt.load_policies(second.save(tmp_path / "b.toml"))]
+  assert [p.name for p in loaded] == [first.policy.name, second.policy.name]
 
 
 def test_whole_alternative_round_trips(tmp_path, fresh_catalogue):
