@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -333,7 +334,7 @@ def _add_model_options(parser: argparse.ArgumentParser, *,
 def _load_model(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple]:
   """``(loss_fn, args)`` of the model the options name (abstract shapes)."""
   if ":" in args.model:
-    return _load_user_model(args.model)
+    return _load_user_model(args.model, _given_model_options(args))
   from remat_toolkit import models
   group = args.group
   if group is not None and group != "sqrt":
@@ -347,21 +348,63 @@ def _load_model(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple]:
                            framework=args.framework)
 
 
-def _load_user_model(spec: str) -> tuple[Callable[..., Any], tuple]:
+_MODEL_OPTIONS = ("batch", "seq", "dtype", "scan", "group")
+
+
+def _given_model_options(args: argparse.Namespace) -> dict[str, Any]:
+  given = {k: getattr(args, k) for k in _MODEL_OPTIONS
+           if getattr(args, k, None) is not None}
+  if getattr(args, "framework", "linen") != "linen":
+    given["framework"] = args.framework
+  return given
+
+
+def _accepts(factory: Callable[..., Any], names: Sequence[str]) -> bool:
+  try:
+    params = inspect.signature(factory).parameters.values()
+  except (TypeError, ValueError):
+    return False
+  if any(p.kind is p.VAR_KEYWORD for p in params):
+    return True
+  keywords = {p.name for p in params
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+  return set(names) <= keywords
+
+
+def _load_user_model(spec: str, options: dict[str, Any] | None = None
+                     ) -> tuple[Callable[..., Any], tuple]:
+  """``MODULE:FUNCTION()``: the module is looked up from the current folder too.
+
+  Model options given on the command line (``--batch``, ``--seq``, ...) are
+  passed to FUNCTION as keyword arguments; a function that does not take
+  them is an error rather than a silently ignored option.
+  """
   import importlib
+  options = options or {}
   module_name, _, attr = spec.partition(":")
+  if os.getcwd() not in sys.path and "" not in sys.path:
+    # As `python -m` does: a module in the folder the command runs from.
+    sys.path.insert(0, os.getcwd())
   try:
     module = importlib.import_module(module_name)
   except ImportError as e:
     raise ValueError(
         f"--model {spec!r}: cannot import module {module_name!r} ({e}); give "
-        "MODULE:FUNCTION with the module on the Python path.") from None
+        "MODULE:FUNCTION with the module in the current folder or on the "
+        "Python path.") from None
   factory = getattr(module, attr, None)
   if not callable(factory):
     raise ValueError(
         f"--model {spec!r}: {module_name} has no function {attr!r}; it must "
         "return (loss_fn, args).")
-  result = factory()
+  if options and not _accepts(factory, list(options)):
+    flags = ", ".join(f"--{k}" for k in options)
+    raise ValueError(
+        f"--model {spec!r}: {flags} given, but {attr}() takes no "
+        f"{', '.join(repr(k) for k in options)} argument; add "
+        f"{'them' if len(options) > 1 else 'it'} as keyword arguments of "
+        f"{attr}() or leave the option out.")
+  result = factory(**options)
   if (not isinstance(result, tuple) or len(result) != 2
       or not callable(result[0])):
     raise ValueError(

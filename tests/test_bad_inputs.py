@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -447,3 +449,52 @@ def test_cli_malformed_policy_file(field, tmp_path):
     assert status == 2
     for pattern in patterns:
       assert re.search(pattern, err.getvalue()), (argv, pattern, err.getvalue())
+
+
+_USER_MODEL = (
+    "import jax\n"
+    "import jax.numpy as jnp\n"
+    "import remat_toolkit as rt\n"
+    "@rt.remat\n"
+    "def block(w, x):\n"
+    "  return jnp.tanh(rt.tag(x @ w, 'ffn.up'))\n"
+    "def make(batch=2):\n"
+    "  loss = lambda w, x: block(w, x).sum()\n"
+    "  return loss, (jax.ShapeDtypeStruct((4, 4), jnp.float32),\n"
+    "                jax.ShapeDtypeStruct((batch, 4), jnp.float32))\n"
+    "def fixed():\n"
+    "  return make()\n")
+
+
+def _cli(argv):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    status = cli.main(list(argv))
+  return status, out.getvalue(), err.getvalue().strip()
+
+
+def test_cli_user_model_from_the_current_folder(tmp_path, monkeypatch):
+  (tmp_path / "cwd_user_model.py").write_text(_USER_MODEL)
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                    if p not in ("", str(tmp_path))])
+  status, out, err = _cli(["analyze", "--model", "cwd_user_model:make",
+                           "--policy", "save-ffn", "--json"])
+  assert status == 0, err
+  assert json.loads(out)["activation_bytes"] == 2 * 4 * 4
+
+
+def test_cli_user_model_options_reach_the_function_or_fail(tmp_path,
+                                                           monkeypatch):
+  (tmp_path / "opt_user_model.py").write_text(_USER_MODEL)
+  monkeypatch.chdir(tmp_path)
+  status, out, err = _cli(["analyze", "--model", "opt_user_model:make",
+                           "--batch", "8", "--policy", "save-ffn", "--json"])
+  assert status == 0, err
+  assert json.loads(out)["activation_bytes"] == 8 * 4 * 4
+  status, _, err = _cli(["analyze", "--model", "opt_user_model:fixed",
+                         "--batch", "8", "--seq", "4"])
+  assert status == 2
+  assert err.startswith("remat-toolkit: error: ") and "\n" not in err
+  assert re.search(r"--batch, --seq given, but fixed\(\) takes no 'batch', "
+                   r"'seq' argument", err), err
