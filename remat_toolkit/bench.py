@@ -314,16 +314,37 @@ def _user_workload(model: Any, args: tuple, *, options: Mapping[str, Any],
         "params and batch with the size, sequence length and dtype you want.")
   params, batch = args
   _leading_size(batch)
-  if not abstract and any(isinstance(x, jax.ShapeDtypeStruct)
-                          for x in jax.tree.leaves(args)):
-    raise ValueError(
-        "bench runs the step, so params and batch must be arrays, not "
-        "jax.ShapeDtypeStruct (largest_batch and step_memory accept those).")
+  synthetic = not abstract and any(isinstance(x, jax.ShapeDtypeStruct)
+                                   for x in jax.tree.leaves(args))
+  if synthetic:
+    # The step must run: abstract inputs (as every other verb takes) get
+    # synthetic values; step time and memory do not depend on the values.
+    params, batch = _materialise(params, 0), _materialise(batch, 1)
   tokens = (tokens_per_example if tokens_per_example is not None
             else _tokens_per_example(batch))
   name = getattr(model, "__name__", type(model).__name__)
+  what = "user model, synthetic values" if synthetic else "user model"
   return _Workload(_unwrap_jit(model), params, batch, optimizer,
-                   f"{name} (user model)", tokens)
+                   f"{name} ({what})", tokens)
+
+
+def _materialise(tree: Any, seed: int) -> Any:
+  """Arrays for the ``jax.ShapeDtypeStruct`` leaves of ``tree``.
+
+  Floating-point leaves are small normal values (like an initialised model),
+  integer and boolean leaves zeros (valid token ids and masks).
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+  out = []
+  for key, leaf in zip(keys, leaves):
+    if not isinstance(leaf, jax.ShapeDtypeStruct):
+      out.append(leaf)
+    elif jnp.issubdtype(leaf.dtype, jnp.floating):
+      out.append((0.02 * jax.random.normal(key, leaf.shape)).astype(leaf.dtype))
+    else:
+      out.append(jnp.zeros(leaf.shape, leaf.dtype))
+  return jax.tree.unflatten(treedef, out)
 
 
 def _build_options(**options: Any) -> dict[str, Any]:

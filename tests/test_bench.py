@@ -281,7 +281,8 @@ def test_bench_rejects_bad_models():
 
 @pytest.mark.parametrize("budget,error", [("lots", ValueError),
                                           ("-1GiB", ValueError),
-                                          (2.5, TypeError)])
+                                          ([2.5], TypeError),
+                                          (float("inf"), ValueError)])
 def test_largest_batch_rejects_a_budget_that_is_not_a_size(budget, error):
   with pytest.raises(error, match="size"):
     rt.largest_batch(scanned_loss, *make_args(abstract=True), budget=budget)
@@ -401,3 +402,12 @@ def test_a_policy_that_fails_is_reported_not_fatal(monkeypatch):
                       lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
   with pytest.raises(RuntimeError, match="boom"):
     rt.bench(scanned_loss, params, batch, progress=False)
+
+
+def test_bench_takes_abstract_shapes_like_every_other_verb():
+  params, batch = make_args(abstract=True)
+  res = rt.bench(scanned_loss, params, batch, policies=["boundary-only"],
+                 steps=1, warmup=0, progress=False)
+  assert [r.policy for r in res.records] == ["save-everything", "boundary-only"]
+  assert all(r.step_time_s > 0 for r in res.records)
+  assert "synthetic values" in str(res)
