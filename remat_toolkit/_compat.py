@@ -92,6 +92,17 @@ def saved_residuals(fn: Callable, *args: Any) -> list[tuple[Any, str]]:
   return _ad_checkpoint.saved_residuals(fn, *args)
 
 
+def abstractify(x: Any) -> Any:
+  """The abstract value (shape, dtype, weak type) of an array or tracer."""
+  from jax import api_util
+  return api_util.shaped_abstractify(x)
+
+
+def is_tracer(x: Any) -> bool:
+  """Whether ``x`` is a value of some ongoing trace."""
+  return isinstance(x, jax.core.Tracer)
+
+
 # ---------------------------------------------------------------- remat3 flag
 
 def has_remat3_flag() -> bool:

@@ -26,10 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -192,6 +194,83 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: _RegionSpec,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
 
+# ---------------------------------------------------------------- trace cache
+
+_fresh_traces: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "remat_toolkit_fresh_traces", default=False)
+
+
+@contextlib.contextmanager
+def fresh_traces() -> Iterator[None]:
+  """Runs every region's Python again inside the block (no cached traces).
+
+  ``verify`` traces twice this way to see whether a function reads Python
+  state while it is traced.
+  """
+  token = _fresh_traces.set(True)
+  try:
+    yield
+  finally:
+    _fresh_traces.reset(token)
+
+
+def _call_key(spec: _RegionSpec, args: tuple, kwargs: dict) -> Any:
+  """What a region's trace depends on: structure, static values, avals.
+
+  None when a static value cannot be hashed (the call is then traced anew).
+  """
+  leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+  whole = tuple((i, args[i]) for i in spec.static_argnums if i < len(args))
+  whole += tuple((k, kwargs[k]) for k in spec.static_argnames if k in kwargs)
+  parts = tuple(("array", compat.abstractify(x)) if _is_array(x)
+                else ("static", type(x), x) for x in leaves)
+  # The flag changes what a checkpoint name traces to.
+  key = (treedef, whole, parts, compat.remat3_enabled())
+  try:
+    hash(key)
+  except TypeError:
+    return None
+  return key
+
+
+def _checkpoint_cached(fn: Callable[..., Any], spec: _RegionSpec,
+                       cache: dict, args: tuple, kwargs: dict) -> Any:
+  """A plain function's region, its Python traced once per call signature.
+
+  Like ``jax.checkpoint``, repeated calls with the same shapes, dtypes and
+  static arguments re-use the trace; the policy is still decided at each
+  call (it is not part of the trace), so ``use_policy`` keeps working.
+  """
+  key = None if _fresh_traces.get() else _call_key(spec, args, kwargs)
+  entry = cache.get(key) if key is not None else None
+  dynamic, rebuild = _split_static(spec, args, kwargs)
+  if entry is None:
+    def body(prefix_, dynamic_):
+      del prefix_
+      a, kw = rebuild(dynamic_)
+      return fn(*a, **kw)
+
+    entry = _trace(body, ((), dynamic))
+    if key is not None and not any(map(compat.is_tracer, entry[0].consts)):
+      cache[key] = entry  # a trace closing over another trace's values is not kept
+  closed, out_tree, names = entry
+  if _names_decide_policy(spec.policy):
+    context.warn_if_unmatched(spec.policy, names, spec.where)
+  jax_policy = context.region_policy(spec.policy, names)
+  return jax.checkpoint(_replay(closed, out_tree), policy=jax_policy,
+                        prevent_cse=spec.prevent_cse)(((), dynamic))
+
+
+def _trace(body: Callable[..., Any], inputs: tuple) -> tuple[Any, Any, frozenset]:
+  leaves = jax.tree_util.tree_leaves(inputs)
+  in_tree = jax.tree_util.tree_structure(inputs)
+  closed, out_shape = jax.make_jaxpr(
+      lambda *xs: body(*jax.tree_util.tree_unflatten(in_tree, xs)),
+      return_shape=True)(*leaves)
+  return (closed, jax.tree_util.tree_structure(out_shape),
+          _jaxpr.names_in(closed.jaxpr))
+
+
 def _discover(body: Callable[..., Any], inputs: tuple
               ) -> tuple[frozenset[str], Callable[..., Any]]:
   """Traces ``body`` once: its checkpoint names, and a replay of the trace.
@@ -199,13 +278,8 @@ def _discover(body: Callable[..., Any], inputs: tuple
   Names come from the jaxpr, so tags made with ``rt.tag`` and with JAX's
   own ``checkpoint_name`` are both found, inside nested scans too.
   """
-  leaves = jax.tree_util.tree_leaves(inputs)
-  in_tree = jax.tree_util.tree_structure(inputs)
-  closed, out_shape = jax.make_jaxpr(
-      lambda *xs: body(*jax.tree_util.tree_unflatten(in_tree, xs)),
-      return_shape=True)(*leaves)
-  names = _jaxpr.names_in(closed.jaxpr)
-  return names, _replay(closed, jax.tree_util.tree_structure(out_shape))
+  closed, out_tree, names = _trace(body, inputs)
+  return names, _replay(closed, out_tree)
 
 
 def _replay(closed: Any, out_tree: Any) -> Callable[..., Any]:
@@ -362,6 +436,7 @@ def remat_region(fn: Callable[..., Any], *, policy: Any = None,
 def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
                       ) -> Callable[..., Any]:
   lifted_linen = None
+  traces: dict = {}
 
   @functools.wraps(fn)
   def region(*args, **kwargs):
@@ -378,7 +453,7 @@ def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
       shifted = dataclasses.replace(
           spec, static_argnums=tuple(i + head for i in spec.static_argnums))
       return _call_nnx(fn, shifted, args, kwargs)
-    return _checkpoint_pure(fn, spec, (), args, kwargs)
+    return _checkpoint_cached(fn, spec, traces, args, kwargs)
 
   return region
 

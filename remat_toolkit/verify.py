@@ -50,6 +50,7 @@ from remat_toolkit import _jaxpr
 from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit import context
+from remat_toolkit import transform
 from remat_toolkit.policy import Policy
 
 __all__ = ["Verification", "verify", "default_tolerances", "random_inputs"]
@@ -399,7 +400,9 @@ def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
   def flat_fn(*xs):
     return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
-  with context.override_ambient_regions(program._marker):
+  # Regions cache their traces; the second trace must run the Python again.
+  with context.override_ambient_regions(program._marker), \
+      transform.fresh_traces():
     second, _ = _jaxpr.trace_program(flat_fn, program._leaves)
   difference = _jaxpr.trace_difference(program.jaxpr, second)
   if difference is None:

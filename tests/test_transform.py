@@ -457,6 +457,27 @@ def test_auto_static_python_values(remat_mode):
                                rtol=1e-6)
 
 
+def test_repeated_calls_trace_the_python_once(remat_mode):
+  # Like jax.checkpoint: same shapes, dtypes and static values, one trace;
+  # the policy is still read at each call.
+  traces = []
+
+  def fn(x, n):
+    traces.append(n)
+    return jnp.sin(rt.tag(jnp.sin(x) * n, "ffn.up")).sum()
+  f = rt.remat(fn)
+  for _ in range(5):
+    f(X, 2)
+  assert len(traces) == 1
+  f(X, 3)  # a new static value
+  f(X[:1], 3)  # a new shape
+  assert len(traces) == 3
+  with rt.use_policy("save-ffn"):
+    assert named(residuals(lambda x: f(x, 2), X)) == {"ffn.up"}
+  assert named(residuals(lambda x: f(x, 2), X)) == set()
+  np.testing.assert_allclose(jax.grad(f)(X, 2), jax.grad(fn)(X, 2), rtol=1e-6)
+
+
 def test_static_argnums_count_call_arguments_not_self(remat_mode):
   class Block(nn.Module):
     @rt.remat(policy="save-ffn", static_argnums=(1,))
