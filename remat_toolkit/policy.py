@@ -72,7 +72,8 @@ class Policy:
   Attributes:
     name: the policy's name (case-insensitive; ``-`` and ``_`` alike).
     description: one line: what it costs and when to use it.
-    save: checkpoint names or glob patterns kept in device memory.
+    save: checkpoint names or glob patterns kept in device memory (matched
+      ignoring case; see :meth:`expand`).
     offload: checkpoint names or glob patterns moved to host memory.
     matmuls: ``"none"``, ``"all"``, ``"no-batch"`` or ``"offload-no-batch"``;
       see :data:`MATMUL_MODES`. Cannot be combined with ``save``/``offload``,
@@ -159,7 +160,11 @@ class Policy:
              ) -> tuple[frozenset[str], frozenset[str]]:
     """Expands ``save``/``offload`` against ``names``.
 
-    Exact names are always kept; glob patterns select the matching ones.
+    Matching ignores case (``*attention/q`` selects T5's
+    ``layer/0/SelfAttention/q``), and the result holds the names as they are
+    spelt in ``names``, which is what JAX compares exactly. Exact names are
+    always kept as written, and also select the names present that differ
+    from them only in case; glob patterns select the matching names present.
 
     Args:
       names: checkpoint names present in the function; default: the
@@ -172,8 +177,9 @@ class Policy:
     return _expand(self.save, pool), _expand(self.offload, pool)
 
   def matches(self, name: str) -> bool:
-    """Whether checkpoint name ``name`` is selected by ``save`` or ``offload``."""
-    return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+    """Whether checkpoint name ``name`` is selected by ``save`` or ``offload``
+    (ignoring case, as :meth:`expand` does)."""
+    return any(_name_matches(name, p) for p in self.patterns)
 
   def lowering(self, names: Iterable[str] | None = None) -> "Lowering":
     """The JAX policy constructor call this policy lowers to, as data.
@@ -260,13 +266,21 @@ class Policy:
     return ", ".join(self.offload) if self.offload else "-"
 
 
+def _name_matches(name: str, pattern: str) -> bool:
+  """Whether ``name`` matches ``pattern`` (a glob or an exact name), ignoring
+  case: module paths are spelt ``SelfAttention`` in one model and ``attn`` in
+  another, and one catalogue serves both."""
+  if _is_pattern(pattern):
+    return fnmatch.fnmatchcase(name.lower(), pattern.lower())
+  return name.lower() == pattern.lower()
+
+
 def _expand(patterns: tuple[str, ...], pool: frozenset[str]) -> frozenset[str]:
   out: set[str] = set()
   for p in patterns:
-    if _is_pattern(p):
-      out.update(n for n in pool if fnmatch.fnmatchcase(n, p))
-    else:
-      out.add(p)
+    if not _is_pattern(p):
+      out.add(p)  # kept as written even when absent, as JAX would
+    out.update(n for n in pool if _name_matches(n, p))
   return frozenset(out)
 
 

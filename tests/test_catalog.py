@@ -24,21 +24,28 @@ def _write(folder, filename, text):
 # ------------------------------------------------------------ built-ins
 
 FIELD_ALIASES = {
-    # MaxText remat_policy values.
+    # MaxText remat_policy values (src/maxtext/layers/decoders.py,
+    # Decoder.get_remat_policy).
     "full": "boundary-only",
     "minimal": "save-projections",
     "minimal_with_context": "save-projections-and-context",
+    "save_dot_with_context_except_mlp": "save-attention",
     "save_qkv_proj": "save-qkv",
     "save_out_proj": "save-out-proj",
-    "save_dot_except_mlp": "save-attention",
-    "save_dot_except_mlpwi": "save-attention-and-ffn-down",
-    "qkv_proj_offloaded": "offload-qkv",
+    "save_dot_except_mlp": "maxtext-save-dot-except-mlp",
+    "save_dot_except_mlpwi": "maxtext-save-dot-except-mlpwi",
+    "qkv_proj_offloaded": "maxtext-qkv-proj-offloaded",
     "minimal_offloaded": "offload-projections",
-    # Praxis AutodiffCheckpointType values.
+    # Praxis AutodiffCheckpointType values (praxis/layers/checkpoint_policy.py).
     "save_nothing": "boundary-only",
     "save_everything": "save-everything",
     "save_dot_only": "save-matmuls",
     "save_dot_with_no_batch_dims": "save-matmuls-no-batch",
+    "save_qkv_out_proj": "praxis-save-qkv-out-proj",
+    "save_context": "praxis-save-context",
+    "save_encoded_and_out_proj": "praxis-save-encoded-and-out-proj",
+    # JAX's own constructor names.
+    "checkpoint_dots_with_no_batch_dims": "save-matmuls-no-batch",
 }
 
 

@@ -25,6 +25,7 @@ verify_module = importlib.import_module("remat_toolkit.verify")
 SAVING_TWIN = {
     "offload-attention": "save-attention",
     "offload-qkv": "save-qkv",
+    "maxtext-qkv-proj-offloaded": "save-qkv",  # the built-in has no fused qkv
     "offload-projections": "save-projections",
     "offload-matmuls-no-batch": "save-matmuls-no-batch",
 }

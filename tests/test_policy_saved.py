@@ -74,44 +74,35 @@ X = jax.random.normal(_KEYS[-1], (S, D))
 
 # ------------------------------------------------------------ by hand
 
-OFFLOAD_ATTENTION = (
-    "attn.q", "attn.k", "attn.v", "attn.qkv", "attn.context", "attn.out",
-    "query_proj", "key_proj", "value_proj", "qkv_proj", "kv_proj", "context",
-    "out_proj", "attention_out")
-OFFLOAD_PROJECTIONS = (
-    "attn.q", "attn.k", "attn.v", "attn.qkv", "attn.out", "ffn.up", "ffn.gate",
-    "ffn.down", "query_proj", "key_proj", "value_proj", "qkv_proj", "kv_proj",
-    "out_proj", "attention_out", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo")
-OFFLOAD_QKV = ("attn.q", "attn.k", "attn.v", "attn.qkv", "query_proj",
-               "key_proj", "value_proj", "qkv_proj", "kv_proj")
+QKV = ("attn.q", "attn.k", "attn.v", "attn.qkv", "query_proj", "key_proj",
+       "value_proj", "qkv_proj")
+OUT = ("attn.out", "out_proj")
+CONTEXT = ("attn.context", "context")
+FFN = ("ffn.up", "ffn.gate", "ffn.down", "mlpwi", "mlpwi_0", "mlpwi_1",
+       "mlpwo")
+DOWN = ("ffn.down", "mlpwo")
+OFFLOAD_ATTENTION = QKV + CONTEXT + OUT
+OFFLOAD_PROJECTIONS = QKV + OUT + FFN
+OFFLOAD_QKV = QKV
+# MaxText offloads its separate q/k/v projections only.
+OFFLOAD_MAXTEXT_QKV = ("attn.q", "attn.k", "attn.v", "query_proj", "key_proj",
+                       "value_proj")
 
 SAVED_NAMES = {
-    "save-qkv": (
-        "attn.q", "attn.k", "attn.v", "attn.qkv", "query_proj", "key_proj",
-        "value_proj", "qkv_proj", "kv_proj"),
-    "save-out-proj": (
-        "attn.out", "ffn.down", "out_proj", "attention_out", "mlpwo"),
-    "save-attention": (
-        "attn.q", "attn.k", "attn.v", "attn.qkv", "attn.context", "attn.out",
-        "query_proj", "key_proj", "value_proj", "qkv_proj", "kv_proj",
-        "context", "out_proj", "attention_out"),
-    "save-attention-and-ffn-down": (
-        "attn.q", "attn.k", "attn.v", "attn.qkv", "attn.context", "attn.out",
-        "ffn.down", "query_proj", "key_proj", "value_proj", "qkv_proj",
-        "kv_proj", "context", "out_proj", "attention_out", "mlpwo"),
-    "save-ffn": (
-        "ffn.up", "ffn.gate", "ffn.down", "mlpwi", "mlpwi_0", "mlpwi_1",
-        "mlpwo"),
-    "save-projections": (
-        "attn.q", "attn.k", "attn.v", "attn.qkv", "attn.out", "ffn.up",
-        "ffn.gate", "ffn.down", "query_proj", "key_proj", "value_proj",
-        "qkv_proj", "kv_proj", "out_proj", "attention_out", "mlpwi", "mlpwi_0",
-        "mlpwi_1", "mlpwo"),
-    "save-projections-and-context": (
-        "attn.q", "attn.k", "attn.v", "attn.qkv", "attn.context", "attn.out",
-        "ffn.up", "ffn.gate", "ffn.down", "query_proj", "key_proj",
-        "value_proj", "qkv_proj", "kv_proj", "context", "out_proj",
-        "attention_out", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo"),
+    "save-qkv": QKV,
+    "save-out-proj": OUT,
+    "save-out-proj-and-ffn-down": OUT + DOWN,
+    "save-attention": QKV + CONTEXT + OUT,
+    "save-attention-and-ffn-down": QKV + CONTEXT + OUT + DOWN,
+    "save-ffn": FFN,
+    "save-projections": QKV + OUT + FFN,
+    "save-projections-and-context": QKV + CONTEXT + OUT + FFN,
+    "maxtext-save-dot-except-mlp": QKV + OUT,
+    "maxtext-save-dot-except-mlpwi": QKV + OUT + DOWN,
+    "praxis-save-qkv-out-proj": (
+        "attn.qkv", "combined_qkv_proj", "attn.out", "out_proj"),
+    "praxis-save-context": CONTEXT,
+    "praxis-save-encoded-and-out-proj": CONTEXT + OUT,
     "recompute-attention-core": (
         "block.input", "block.output", "attn.norm", "attn.q", "attn.k",
         "attn.v", "attn.qkv", "attn.context", "attn.out", "ffn.norm", "ffn.up",
@@ -139,12 +130,17 @@ HAND_WRITTEN = {
         names_which_can_be_saved=[],
         names_which_can_be_offloaded=list(OFFLOAD_QKV),
         offload_src="device", offload_dst="pinned_host"),
+    "maxtext-qkv-proj-offloaded": cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(OFFLOAD_MAXTEXT_QKV),
+        offload_src="device", offload_dst="pinned_host"),
     "offload-matmuls-no-batch": cp.offload_dot_with_no_batch_dims(
         "device", "pinned_host"),
 }
 OFFLOADED_NAMES = {"offload-attention": OFFLOAD_ATTENTION,
                    "offload-projections": OFFLOAD_PROJECTIONS,
-                   "offload-qkv": OFFLOAD_QKV}
+                   "offload-qkv": OFFLOAD_QKV,
+                   "maxtext-qkv-proj-offloaded": OFFLOAD_MAXTEXT_QKV}
 OFFLOADING = sorted([*OFFLOADED_NAMES, "offload-matmuls-no-batch"])
 SAVING = sorted(set(HAND_WRITTEN) - set(OFFLOADING))
 NAME_LISTS = sorted(SAVED_NAMES)
