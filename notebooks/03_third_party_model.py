@@ -12,101 +12,78 @@
 # # Selective remat on a model you cannot edit
 #
 # Most models come from a library: there is no place to put `rt.remat` or
-# `rt.tag` in their code. `rt.remat_modules(model, rules)` applies remat from
-# the outside: every submodule matched by a rule becomes one remat region, and
-# with `tag_outputs=True` the outputs of the submodules inside each region are
-# named by their path relative to the region (`attn/query`, `mlp`). The
-# built-in selective policies select those names: `save-attention` keeps
-# names matching `*attn/*` and `*attention/*`, `save-ffn` keeps `*mlp/*` and
-# `*ffn/*`, among others.
+# `rt.tag` in their code. `rt.remat_modules(model)` applies remat from the
+# outside. Without rules it finds the model's repeated blocks itself, makes
+# each one remat region that reads the ambient policy, and names the outputs
+# of the submodules inside each region by their path relative to the region
+# (`attn/c_attn`, `mlp/c_fc`). The built-in selective policies select those
+# names: `save-attention` keeps names matching `*attn/*` and `*attention/*`,
+# `save-ffn` keeps `*mlp/*` and `*ffn/*`, among others.
+#
+# The model here is Hugging Face's Flax GPT-2 (`transformers`, 4.x), built from
+# a small config: nothing is downloaded.
 
 # %%
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
+import transformers
 
 import remat_toolkit as rt
 
 # %% [markdown]
 # ## The library's model
 #
-# Treat the next cell as code from another package: a small transformer encoder
-# built only from flax's own `nn.MultiHeadDotProductAttention`, `nn.Dense` and
-# `nn.LayerNorm`. It has no remat and no checkpoint names. Its blocks are named
-# by Flax (`Block_0`, `Block_1`, ...); inside a block, the attention submodule is
-# called `attn` and the feed-forward one `mlp`.
+# `FlaxGPT2LMHeadModel(config, _do_init=False)` builds the model without
+# initialising weights; its `.module` is the plain linen module, called with
+# `input_ids`, `attention_mask` and `position_ids`. Nothing in it was written
+# for remat: no checkpoint names, no remat regions.
 
 # %%
-class MlpBlock(nn.Module):
-  hidden: int
+config = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=4,
+                                 vocab_size=256, n_positions=64)
+model = transformers.FlaxGPT2LMHeadModel(config, _do_init=False).module
 
-  @nn.compact
-  def __call__(self, x):
-    h = nn.gelu(nn.Dense(self.hidden)(x))
-    return nn.Dense(x.shape[-1])(h)
-
-
-class Block(nn.Module):
-  num_heads: int
-  hidden: int
-
-  @nn.compact
-  def __call__(self, x):
-    h = nn.LayerNorm()(x)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads,
-                                            name="attn")(h)
-    h = nn.LayerNorm()(x)
-    return x + MlpBlock(self.hidden, name="mlp")(h)
-
-
-class Encoder(nn.Module):
-  num_layers: int = 2
-  d_model: int = 64
-  num_heads: int = 4
-  hidden: int = 256
-  num_classes: int = 10
-
-  @nn.compact
-  def __call__(self, x):
-    x = nn.Dense(self.d_model)(x)
-    for _ in range(self.num_layers):
-      x = Block(self.num_heads, self.hidden)(x)
-    return nn.Dense(self.num_classes)(nn.LayerNorm()(x).mean(axis=1))
+rng = np.random.default_rng(0)
+ids = jnp.asarray(rng.integers(0, config.vocab_size, size=(4, 64)), jnp.int32)
+batch = {"input_ids": ids, "attention_mask": jnp.ones_like(ids),
+         "position_ids": jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)}
+params = jax.jit(model.init)(jax.random.key(0), **batch)["params"]
+print("blocks:", sorted(params["transformer"]["h"]))
+print("block 0:", jax.tree_util.tree_map(jnp.shape,
+                                         params["transformer"]["h"]["0"]))
 
 # %% [markdown]
 # ## Apply remat from the outside
 #
-# The rule `{"Block_*": None}` matches the blocks by module path (a class name
-# such as `"Block"` works too) and gives them the ambient policy, so
-# `rt.compare` can try each policy on the same model. The wrapped model is used
-# exactly like the original: same `init` and `apply`, same variables.
+# `rt.remat_modules(model)` with no rules. A linen model's submodules are known
+# only when it runs, so the blocks are found at its first `init` or `apply`,
+# from one abstract trace (nothing is computed or allocated);
+# `rt.remat_summary` then says what was chosen. The wrapped model is used
+# exactly like the original: same `init` and `apply`, same variables. (To
+# choose the regions yourself, pass rules instead, e.g.
+# `rt.remat_modules(model, {"FlaxGPT2Block": None})`.)
 
 # %%
-model = Encoder()
-remat_model = rt.remat_modules(model, {"Block_*": None}, tag_outputs=True)
-
-rng = np.random.default_rng(0)
-x = rng.standard_normal((4, 32, 16), dtype=np.float32)
-labels = rng.integers(0, 10, size=(4,), dtype=np.int32)
-batch = {"x": x, "labels": labels}
-params = jax.jit(model.init)(jax.random.key(0), x)["params"]
-# The wrapped model's variables, from shapes only (nothing is computed).
-remat_params = jax.eval_shape(remat_model.init, jax.random.key(0), x)["params"]
+remat_model = rt.remat_modules(model)
+# The wrapped model's variables, from shapes only.
+remat_params = jax.eval_shape(remat_model.init, jax.random.key(0),
+                              **batch)["params"]
+print(rt.remat_summary(remat_model))
 same = (jax.tree_util.tree_map(jnp.shape, params)
         == jax.tree_util.tree_map(jnp.shape, remat_params))
 print("same parameter tree and shapes:", same)
-print("block 0:", jax.tree_util.tree_map(jnp.shape, params["Block_0"]))
 assert same
+assert rt.remat_summary(remat_model).classes == ("FlaxGPT2Block",)
 
 
 def make_loss(m):
   def loss(params, batch):
-    logits = m.apply({"params": params}, batch["x"])
+    logits = m.apply({"params": params}, **batch).logits
     return optax.softmax_cross_entropy_with_integer_labels(
-        logits, batch["labels"]).mean()
+        logits[:, :-1], batch["input_ids"][:, 1:]).mean()
   return loss
 
 
@@ -131,12 +108,13 @@ comparison
 #
 # Each residual's checkpoint name is the path of the submodule that made it,
 # relative to its block. Grouping the kept bytes by the first part of the name
-# shows the choice each policy makes: `save-attention` keeps the outputs of the
-# `attn` submodules (the query, key and value projections and the attention
-# output), `save-ffn` keeps outputs of `mlp`'s layers, and `boundary-only` keeps
-# neither: only the blocks' inputs and what lies outside the blocks. Unnamed
-# residuals (`untagged`) are values that no submodule returned, such as the
-# residual additions. The cell after the table prints the kept names.
+# shows the choice each policy makes: `save-attention` keeps outputs of the
+# `attn` submodule (GPT-2's fused query/key/value projection `c_attn`, and the
+# attention output), `save-ffn` keeps outputs of `mlp`'s layers, and
+# `boundary-only` keeps neither: only the blocks' inputs and what lies outside
+# the blocks. Unnamed residuals (`untagged`) are values that no submodule
+# returned, such as the residual additions. The cell after the table prints
+# the kept names.
 
 # %%
 def kept_by_submodule(report):
@@ -188,16 +166,16 @@ for a, b in zip(jax.tree_util.tree_leaves(grads),
 # %% [markdown]
 # ## A policy of your own, with the model's names
 #
-# The names `tag_outputs` gives are ordinary checkpoint names, so a policy can
+# The names the regions give are ordinary checkpoint names, so a policy can
 # list them directly. `rt.Policy` builds one in Python (`rt.register_policy`
 # adds it to the catalogue by name, and a TOML file in the same format does the
-# same with `rt.load_policies`). This one keeps only the key and value
-# projections.
+# same with `rt.load_policies`). This one keeps only GPT-2's fused query, key
+# and value projection.
 
 # %%
-save_kv = rt.Policy(name="save-kv-projections",
-                    description="Keeps the key and value projections.",
-                    save=("attn/key", "attn/value"))
-report = rt.analyze(loss, *abstract, policy=save_kv)
+save_qkv = rt.Policy(name="save-qkv-projection",
+                     description="Keeps GPT-2's fused q/k/v projection.",
+                     save=("attn/c_attn",))
+report = rt.analyze(loss, *abstract, policy=save_qkv)
 print("\n".join(report.summary_lines()))
 print({k: v for k, v in report.by_name().items() if not k.startswith("<")})

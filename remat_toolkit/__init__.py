@@ -33,10 +33,12 @@ from remat_toolkit.planner import Plan
 from remat_toolkit.planner import frontier
 from remat_toolkit.planner import plan
 from remat_toolkit.policy import Policy
+from remat_toolkit.rules import RematSummary
+from remat_toolkit.rules import remat_modules
+from remat_toolkit.rules import remat_summary
 from remat_toolkit.tags import MAXTEXT_NAMES
 from remat_toolkit.tags import VOCABULARY
 from remat_toolkit.tags import tag
-from remat_toolkit.rules import remat_modules
 from remat_toolkit.transform import remat
 from remat_toolkit.verify import Verification
 from remat_toolkit.verify import verify
@@ -72,6 +74,8 @@ __all__ = [
     "register_policy",
     "remat",
     "remat_modules",
+    "remat_summary",
+    "RematSummary",
     "remat_chain",
     "scan_layers",
     "tag",

@@ -1,0 +1,332 @@
+"""rt.remat_modules without rules: finding the repeated blocks itself.
+
+The reference is the same model with the explicit rule ``{BLOCK_CLASS: None}``
+(tested against hand-written remat in test_remat_modules.py): discovery must
+make exactly those regions, so the residuals JAX saves are the same under any
+ambient policy.
+"""
+
+import dataclasses
+import re
+import warnings
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import third_party_models as tp
+from flax import nnx
+from shared_helpers import cheap_init
+from shared_helpers import residuals
+
+import remat_toolkit as rt
+from remat_toolkit import _jaxpr
+from remat_toolkit import models
+from remat_toolkit import rules as rules_lib
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+POLICIES = ("save-attention", "save-ffn")
+
+
+def assert_trees_close(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(
+      np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6), a, b)
+
+
+def filled(shapes, seed=0):
+  """Small real values for abstract params, without running initialisers."""
+  rng = np.random.RandomState(seed)
+  return jax.tree.map(lambda s: jnp.asarray(
+      rng.normal(size=s.shape) * 0.1, s.dtype), shapes)
+
+
+# ---------------------------------------------------------------- the heuristic
+
+def paths(*names):
+  return {tuple(name.split("/")) if name else (): cls for name, cls in names}
+
+
+def test_find_blocks_heuristic():
+  find = rules_lib._find_blocks
+  # Blocks, not the repeated Dense inside them; the experts nested in a block
+  # are part of its region.
+  moe = paths(("", "Net"), ("Dense_0", "Dense"), ("Dense_1", "Dense"),
+              *[(f"layers_{i}", "Block") for i in range(3)],
+              *[(f"layers_{i}/experts_{j}", "Mlp") for i in range(3)
+                for j in range(2)],
+              *[(f"layers_{i}/experts_{j}/Dense_{k}", "Dense")
+                for i in range(3) for j in range(2) for k in range(2)])
+  assert find(moe) == [("layers_0",), ("layers_1",), ("layers_2",)]
+  # Two stacks of different classes both count; consecutive indices only.
+  two = paths(*[(f"vision/{i}/mlp", "Dense") for i in range(2)],
+              *[(f"vision/{i}", "ViTBlock") for i in range(2)],
+              *[(f"text/h_{i}/mlp", "Dense") for i in range(2)],
+              *[(f"text/h_{i}", "GPTBlock") for i in range(2)],
+              ("gapped/0/x", "Dense"), ("gapped/0", "B"),
+              ("gapped/2/x", "Dense"), ("gapped/2", "B"))
+  assert find(two) == [("vision", "0"), ("vision", "1"),
+                       ("text", "h_0"), ("text", "h_1")]
+  # Leaves only, or one block: nothing.
+  assert find(paths(("Dense_0", "Dense"), ("Dense_1", "Dense"))) == []
+  assert find(paths(("Block_0/Dense_0", "Dense"), ("Block_0", "B"))) == []
+
+
+# ---------------------------------------------------------------- Hugging Face
+
+@pytest.fixture
+def hf_numpy_rules():
+  """Hugging Face's Flax models rely on NumPy rank promotion, which the
+  suite otherwise turns into an error."""
+  with jax.numpy_rank_promotion("allow"):
+    yield
+
+
+EXPECTED_REGIONS = {
+    "gpt2": ["transformer/h/0", "transformer/h/1"],
+    "bert": ["encoder/layer/0", "encoder/layer/1"],
+    "t5": ["encoder/block/0", "encoder/block/1",
+           "decoder/block/0", "decoder/block/1"],
+    "llama": ["model/layers/0", "model/layers/1"],
+}
+
+
+@pytest.mark.usefixtures("hf_numpy_rules")
+@pytest.mark.parametrize("name", sorted(tp.BUILDERS))
+def test_hugging_face_blocks_found(name):
+  m = tp.BUILDERS[name]()
+  auto = rt.remat_modules(m.module)
+  assert not rt.remat_summary(auto).ran
+  assert "call its init or apply first" in str(rt.remat_summary(auto))
+  params = jax.eval_shape(m.init)
+  assert jax.tree.structure(jax.eval_shape(lambda: m.init(auto))) == (
+      jax.tree.structure(params))
+  summary = rt.remat_summary(auto)
+  block = tp.BLOCK_CLASSES[name]
+  assert (summary.auto, summary.classes) == (True, (block,))
+  assert list(summary.regions) == EXPECTED_REGIONS[name]
+  assert str(summary) == (
+      f"remat_modules chose {block} ({len(summary.regions)} regions: "
+      f"{', '.join(summary.regions)})")
+  explicit = rt.remat_modules(m.module, {block: None})
+  for policy in POLICIES:
+    with rt.use_policy(policy):
+      assert residuals(m.loss(auto), params) == residuals(
+          m.loss(explicit), params), policy
+
+
+@pytest.mark.usefixtures("hf_numpy_rules")
+def test_hugging_face_gradients_unchanged():
+  m = tp.gpt2()
+  params = filled(jax.eval_shape(m.init))
+  auto = rt.remat_modules(m.module)
+  with rt.use_policy("save-attention"):
+    got, want = jax.jit(lambda p: (jax.grad(m.loss(auto))(p),
+                                   jax.grad(m.loss())(p)))(params)
+  assert_trees_close(got, want)
+
+
+# ---------------------------------------------------------------- built-in GPT
+
+CONFIG = dataclasses.replace(models.get_config("tiny"), remat=False)
+TOKENS = jax.ShapeDtypeStruct((2, CONFIG.seq_len), jnp.int32)
+
+
+def linen_gpt_loss(model):
+  return lambda params, tokens: jnp.mean(
+      model.apply({"params": params}, tokens) ** 2)
+
+
+def test_builtin_linen_gpt():
+  auto = rt.remat_modules(models.GPT(CONFIG))
+  params = jax.eval_shape(auto.init, jax.random.key(0), TOKENS)["params"]
+  assert str(rt.remat_summary(auto)) == (
+      "remat_modules chose Block (2 regions: layers_0, layers_1)")
+  explicit = rt.remat_modules(models.GPT(CONFIG), {"Block": None})
+  for policy in POLICIES:
+    with rt.use_policy(policy):
+      assert residuals(linen_gpt_loss(auto), params, TOKENS) == residuals(
+          linen_gpt_loss(explicit), params, TOKENS), policy
+
+
+def nnx_loss(model):
+  """``(params, tokens) -> scalar`` and the params; the rest of the state
+  (rng keys and counts) is made real, as build_loss does."""
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  rest = jax.tree.map(models._materialize, rest)
+
+  def loss(params, tokens):
+    live = nnx.merge(graphdef, params, rest, copy=True)
+    return jnp.mean(live(tokens) ** 2)
+  return loss, params
+
+
+def test_builtin_nnx_gpt():
+  # Discovery reads the graph only: an abstract model will do.
+  model = nnx.eval_shape(lambda: models.NNXGPT(CONFIG, rngs=nnx.Rngs(0)))
+  auto = rt.remat_modules(model)
+  assert str(rt.remat_summary(auto)) == (
+      "remat_modules chose NNXBlock (2 regions: layers/0, layers/1)")
+  auto_loss, params = nnx_loss(auto)
+  explicit_loss, _ = nnx_loss(rt.remat_modules(model, {"NNXBlock": None}))
+  for policy in POLICIES:
+    with rt.use_policy(policy):
+      assert residuals(auto_loss, params, TOKENS) == residuals(
+          explicit_loss, params, TOKENS), policy
+
+
+class NNXMlp(nnx.Module):
+  def __init__(self, rngs):
+    self.fc1 = nnx.Linear(4, 8, kernel_init=cheap_init, rngs=rngs)
+    self.fc2 = nnx.Linear(8, 4, kernel_init=cheap_init, rngs=rngs)
+
+  def __call__(self, x):
+    return self.fc2(nnx.gelu(self.fc1(x)))
+
+
+class NNXStack(nnx.Module):
+  def __init__(self, rngs):
+    self.blocks = nnx.List([NNXMlp(rngs) for _ in range(3)])
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = x + block(x)
+    return x
+
+
+def test_nnx_gradients_unchanged():
+  plain = NNXStack(nnx.Rngs(0))
+  auto = rt.remat_modules(plain)
+  assert rt.remat_summary(auto).regions == ("blocks/0", "blocks/1", "blocks/2")
+  x = jnp.linspace(-1, 1, 8).reshape(2, 4)
+
+  def grad(model):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return jax.grad(lambda p: jnp.sum(jnp.sin(
+        nnx.merge(graphdef, p, rest, copy=True)(x))))(params)
+
+  with rt.use_policy("boundary-only"):
+    got, want = jax.jit(lambda: (grad(auto), grad(plain)))()
+  assert_trees_close(got, want)
+
+
+# ---------------------------------------------------------------- nothing found
+
+X = jnp.ones((2, 4))
+
+
+class Block(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(4, name="mlp")(jnp.tanh(x))
+
+
+class OneBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(4)(Block()(nn.Dense(4)(x)))
+
+
+class TwoBlocks(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return Block()(Block()(x))
+
+
+def count_regions(model, variables):
+  jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X))(variables).jaxpr
+  return _jaxpr.count_remat_regions(jaxpr)
+
+
+def test_linen_nothing_found_warns_once():
+  model = rt.remat_modules(OneBlock())
+  with pytest.warns(UserWarning, match=r"no repeated blocks in OneBlock.*"
+                    r"Pass rules.*\{'Block': None\}"):
+    variables = model.init(jax.random.key(0), X)
+  summary = rt.remat_summary(model)
+  assert (summary.ran, summary.regions) == (True, ())
+  assert "found no repeated blocks in OneBlock" in str(summary)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    out = model.apply(variables, X)
+    assert count_regions(model, variables) == 0
+  np.testing.assert_allclose(out, OneBlock().apply(variables, X))
+  strict = rt.remat_modules(OneBlock(), strict=True)
+  with pytest.raises(ValueError, match="no repeated blocks in OneBlock"):
+    strict.init(jax.random.key(0), X)
+
+
+class NNXBlock(nnx.Module):
+  def __init__(self, rngs):
+    self.mlp = nnx.Linear(4, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return x + self.mlp(x)
+
+
+class NNXOneBlock(nnx.Module):
+  def __init__(self, rngs):
+    self.block, self.head = NNXBlock(rngs), nnx.Linear(4, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.head(self.block(x))
+
+
+def test_nnx_nothing_found_warns():
+  with pytest.warns(UserWarning, match=r"no repeated blocks in NNXOneBlock.*"
+                    r"\{'NNXBlock': None\}"):
+    model = rt.remat_modules(NNXOneBlock(nnx.Rngs(0)))
+  assert "found no repeated blocks" in str(rt.remat_summary(model))
+  with pytest.raises(ValueError, match="no repeated blocks"):
+    rt.remat_modules(NNXOneBlock(nnx.Rngs(0)), strict=True)
+
+
+# ---------------------------------------------------------------- rules win
+
+def test_explicit_rules_win():
+  variables = jax.eval_shape(TwoBlocks().init, jax.random.key(0), X)
+  by_rule = rt.remat_modules(TwoBlocks(), {"*/mlp": None})
+  assert count_regions(by_rule, variables) == 2
+  assert str(rt.remat_summary(by_rule)) == (
+      "remat_modules rules matched Dense (2 regions: Block_0/mlp, "
+      "Block_1/mlp)")
+  auto = rt.remat_modules(TwoBlocks())
+  assert count_regions(auto, variables) == 2
+  assert rt.remat_summary(auto).regions == ("Block_0", "Block_1")
+
+  class NNXTwo(nnx.Module):
+    def __init__(self, rngs):
+      self.blocks = nnx.List([NNXBlock(rngs) for _ in range(2)])
+
+  nnx_rule = rt.remat_modules(NNXTwo(nnx.Rngs(0)), {"*/mlp": None})
+  assert rt.remat_summary(nnx_rule).regions == ("blocks/0/mlp", "blocks/1/mlp")
+  nnx_auto = rt.remat_modules(NNXTwo(nnx.Rngs(0)))
+  assert rt.remat_summary(nnx_auto).regions == ("blocks/0", "blocks/1")
+
+
+def test_summary_of_other_models_and_long_stacks():
+  with pytest.raises(TypeError, match="returned by rt.remat_modules"):
+    rt.remat_summary(TwoBlocks())
+  summary = rules_lib.RematSummary(
+      model="T5", auto=True, classes=("Layer",),
+      regions=tuple(f"encoder/block/{i}" for i in range(12)) + (
+          "decoder/block/0", "decoder/block/1"))
+  assert str(summary) == (
+      "remat_modules chose Layer (14 regions: encoder/block/0 .. "
+      "encoder/block/11, decoder/block/0, decoder/block/1)")
+
+
+# ---------------------------------------------------------------- README
+
+@pytest.mark.usefixtures("hf_numpy_rules")
+def test_readme_hugging_face_example_runs(capsys):
+  text = README.read_text(encoding="utf-8")
+  section = text[text.index("### Rules over a model you cannot edit"):]
+  code = next(block for block in re.findall(r"```python\n(.*?)```", section,
+                                            re.S)
+              if "rt.remat_summary(model)" in block)
+  exec(compile(code, "README.md", "exec"), {})
+  out = capsys.readouterr().out
+  assert "remat_modules chose FlaxGPT2Block (2 regions" in out
+  assert "policy save-attention" in out
