@@ -19,9 +19,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import html
 import json
 import os
+import warnings as _warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -34,11 +38,12 @@ from remat_toolkit import _jaxpr
 from remat_toolkit import _residuals
 from remat_toolkit import catalog
 from remat_toolkit import context
-from remat_toolkit.display import format_bytes, format_flops, html_table, text_table
+from remat_toolkit.display import (format_bytes, format_flops, html_table,
+                                   text_table, warnings_html)
 from remat_toolkit.policy import Policy
 
 __all__ = ["Residual", "ResidualReport", "analyze", "compare", "Comparison",
-           "TracedProgram"]
+           "TracedProgram", "policy_warnings", "quiet_warnings"]
 
 _BASELINE = "save-everything"
 
@@ -106,6 +111,9 @@ class ResidualReport:
     devices: number of devices the arguments are sharded over (1 if none).
     per_device_activation_bytes: activation bytes held by one device, when
       the arguments carry shardings.
+    warnings: why the figures may not be this policy's own: no region reads
+      it, regions with their own policy ignore it, or it keeps none of its
+      names in this model (see :func:`policy_warnings`).
   """
 
   policy: str
@@ -118,6 +126,7 @@ class ResidualReport:
   xla: Mapping[str, Any] | None = None
   devices: int = 1
   per_device_activation_bytes: int | None = None
+  warnings: tuple[str, ...] = ()
 
   # ------------------------------------------------------------ totals
   @property
@@ -178,7 +187,9 @@ class ResidualReport:
             f"residuals={len(self.residuals)}, "
             f"activation_bytes={self.activation_bytes}, "
             f"offloaded_bytes={self.offloaded_bytes}, "
-            f"recompute_flops={self.recompute_flops})")
+            f"recompute_flops={self.recompute_flops}"
+            + (f", warnings={len(self.warnings)}" if self.warnings else "")
+            + ")")
 
   def summary_lines(self) -> list[str]:
     lines = [
@@ -199,6 +210,7 @@ class ResidualReport:
       lines.append("XLA: " + ", ".join(
           f"{k} {format_bytes(v) if isinstance(v, int) else v}"
           for k, v in self.xla.items()))
+    lines.extend(f"warning: {w}" for w in self.warnings)
     return lines
 
   def table(self, *, depth: int | None = 2, limit: int = 40) -> str:
@@ -227,7 +239,8 @@ class ResidualReport:
     return "\n".join(self.summary_lines() + ["", self.table()])
 
   def _repr_html_(self) -> str:
-    summary = "<br>".join(self.summary_lines())
+    summary = "<br>".join(html.escape(line, quote=False)
+                          for line in self.summary_lines())
     modules = html_table(["module", "bytes"], [
         [m, format_bytes(b)] for m, b in self.by_module(depth=2).items()],
         caption="Activation bytes by module")
@@ -252,6 +265,7 @@ class ResidualReport:
         "recompute_percent": self.recompute_percent,
         "remat_regions": self.remat_regions,
         "xla": dict(self.xla) if self.xla else None,
+        "warnings": list(self.warnings),
         "residuals": [dataclasses.asdict(r) for r in self.residuals],
     }
 
@@ -327,6 +341,7 @@ class TracedProgram:
     self.forward_flops = _jaxpr.count_matmul_flops(closed.jaxpr)
     self._root = _root_scope(closed.jaxpr)
     self._region_names = _region_name_sets(closed.jaxpr, self._marker)
+    self._own_regions: list[tuple[str, str]] | None = None
     self._steps: dict[Any, tuple[Any, int]] = {}
     self._baseline_flops: int | None = None
 
@@ -334,6 +349,19 @@ class TracedProgram:
   def names(self) -> frozenset[str]:
     """Checkpoint names present anywhere in the program."""
     return _jaxpr.names_in(self.jaxpr.jaxpr)
+
+  @property
+  def ambient_names(self) -> frozenset[str]:
+    """Checkpoint names inside the regions that read the ambient policy."""
+    return frozenset().union(*self._region_names)
+
+  @property
+  def own_policy_regions(self) -> list[tuple[str, str]]:
+    """``(where, policy)`` of each remat region that has its own policy."""
+    if self._own_regions is None:
+      self._own_regions = _own_policy_regions(self.jaxpr.jaxpr, self._marker,
+                                              self._root)
+    return self._own_regions
 
   def lowered(self, policy: Policy) -> tuple[Any, ...]:
     """The JAX policy each distinct region name-set gets under ``policy``."""
@@ -415,7 +443,8 @@ class TracedProgram:
         recompute_flops=max(total - base, 0), baseline_step_flops=base,
         remat_regions=self.regions,
         xla=self.xla_memory(policy) if compile else None,
-        devices=devices, per_device_activation_bytes=per_device)
+        devices=devices, per_device_activation_bytes=per_device,
+        warnings=tuple(policy_warnings(self, policy)))
 
   def xla_memory(self, policy: Policy) -> dict[str, Any]:
     """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``."""
@@ -516,6 +545,190 @@ def _per_device(residuals, leaves, step) -> tuple[int, int | None]:
   return _sharding.per_device_activation_bytes(residuals, leaves, step)
 
 
+# ============================================================ never silent
+#
+# A result whose figures are not the asked policy's own says so: in its
+# ``warnings`` field, in its text and HTML, and once as a UserWarning. The
+# detection lives here so that every entry point (and verify) words it alike.
+
+_KEEPS_NONE = "keeps none of its names in this model"
+_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "remat_toolkit_quiet_result_warnings", default=False)
+
+
+def _brief(items: Sequence[str], limit: int) -> str:
+  shown = ", ".join(repr(i) for i in items[:limit])
+  more = len(items) - limit
+  return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _policy_label(jax_policy: Any, names: frozenset[str]) -> str:
+  """A catalogue name for a region's own JAX policy, else the JAX policy."""
+  # remat3 stores nothing_saveable as None; so does jax.checkpoint's default.
+  target = (jax.checkpoint_policies.nothing_saveable if jax_policy is None
+            else jax_policy)
+  for name in catalog.list_policies():
+    candidate = catalog.get_policy(name)
+    try:
+      lowered = candidate.to_jax(names)
+      same = lowered is target or bool(lowered == target)
+    except (TypeError, ValueError):  # e.g. an offloading policy under remat3
+      continue
+    if same:
+      return repr(candidate.name)
+  qualname = getattr(target, "__qualname__", None) or type(target).__name__
+  return f"the JAX policy {qualname.split('.')[0]}"
+
+
+def _own_policy_regions(jaxpr, marker, root: str) -> list[tuple[str, str]]:
+  found = []
+  for eqn in _jaxpr.walk(jaxpr):
+    if not compat.is_remat(eqn) or compat.remat_policy_of(eqn) is marker:
+      continue
+    path = _jaxpr.module_path(eqn)
+    path = _strip_root(path, root) if root else path
+    where = path or _jaxpr.source_of(eqn) or "the top level"
+    names = _jaxpr.names_in(compat.remat_body_of(eqn))
+    found.append((where, _policy_label(compat.remat_policy_of(eqn), names)))
+  return found
+
+
+def _own_policy_text(regions: Sequence[tuple[str, str]], limit: int = 3) -> str:
+  by_policy: dict[str, list[str]] = {}
+  for where, label in regions:
+    by_policy.setdefault(label, []).append(where)
+  parts = []
+  for label, wheres in by_policy.items():
+    sites = list(dict.fromkeys(wheres))
+    shown = ", ".join(sites[:limit]) + (
+        f" and {len(sites) - limit} more" if len(sites) > limit else "")
+    count = len(wheres)
+    parts.append(f"{count} region{'s use' if count > 1 else ' uses'} {label}, "
+                 f"at {shown}")
+  return "; ".join(parts)
+
+
+def region_warnings(program: TracedProgram, policy: str | None = None
+                    ) -> list[str]:
+  """Why ``policy`` (None: any policy asked for) may not shape the figures.
+
+  Covers a function with no remat region, one whose regions all have their
+  own policy, and one where only some regions read the ambient policy.
+  """
+  subject = (f"policy {policy!r} changes nothing" if policy
+             else "no policy changes anything")
+  own = program.own_policy_regions
+  if not program.regions and not own:
+    return [f"fn has no remat region at all, so {subject} and nothing is "
+            "recomputed; wrap its blocks with remat_toolkit.remat (policy "
+            "left as None) or use remat_toolkit.remat_modules."]
+  if not program.regions:
+    return [f"no remat region in fn reads the ambient policy, so {subject}: "
+            f"the figures are those of the regions' own policies; "
+            f"{_own_policy_text(own)}. Build the regions with policy left "
+            "as None (remat_toolkit.remat, remat_toolkit.remat_modules) so "
+            "that they take the policy analysed."]
+  if own:
+    what = f"policy {policy!r}" if policy else "the policy asked for"
+    total = program.regions + len(own)
+    verb = "has its own policy and ignores" if len(own) == 1 else (
+        "have their own policy and ignore")
+    takes = "takes" if program.regions == 1 else "take"
+    return [f"{len(own)} of {total} remat regions {verb} {what}: "
+            f"{_own_policy_text(own)}; only the other {program.regions} "
+            f"{takes} it, so the figures mix policies. Build those regions "
+            "with policy left as None to let them take it."]
+  return []
+
+
+def unmatched_names_warning(program: TracedProgram, policy: Any) -> str | None:
+  """Says so when a name-based policy matches no name its regions hold.
+
+  Such a policy keeps only the region inputs, as ``boundary-only`` does,
+  whatever its name promises. Policies that select by something else
+  (matmuls, everything) are never flagged.
+  """
+  if (not isinstance(policy, Policy) or not program.regions
+      or policy.save_everything or policy.matmuls != "none"
+      or not policy.patterns):
+    return None
+  present = sorted(program.ambient_names)
+  if any(policy.matches(n) for n in present):
+    return None
+  held = (f"hold {_brief(present, 6)}" if present
+          else "hold no checkpoint names")
+  return (f"policy {policy.name!r} {_KEEPS_NONE}: it "
+          f"asks for {_brief(list(policy.patterns), 4)}, but the regions that "
+          f"take it {held}, so it keeps only the region inputs, as "
+          "boundary-only does. Tag the tensors to keep with "
+          "remat_toolkit.tag(x, name), or choose a policy whose names exist "
+          "(remat_toolkit.list_policies()).")
+
+
+def policy_warnings(program: TracedProgram, policy: Any, *,
+                    asked: bool = True) -> list[str]:
+  """Every reason the figures of ``policy`` on ``program`` may mislead.
+
+  Args:
+    program: the traced function.
+    policy: a :class:`Policy` or anything with a ``name``.
+    asked: False when the caller did not choose the policy (the function is
+      examined as it is): regions with their own policy are then expected.
+  """
+  name = getattr(policy, "name", None)
+  found = []
+  if asked or not (program.regions or program.own_policy_regions):
+    found.extend(region_warnings(program, name))
+  unmatched = unmatched_names_warning(program, policy)
+  if unmatched:
+    found.append(unmatched)
+  return found
+
+
+def warn_once(messages: Iterable[str], stacklevel: int = 3) -> None:
+  """Raises each of a new result's warnings once, as a UserWarning.
+
+  ``stacklevel`` 3 points at the caller of the public function that calls
+  this. Nothing is raised inside :func:`quiet_warnings`.
+  """
+  if _quiet.get():
+    return
+  for message in dict.fromkeys(messages):
+    _warnings.warn(message, UserWarning, stacklevel=stacklevel)
+
+
+@contextlib.contextmanager
+def quiet_warnings():
+  """Results made inside still carry their warnings but raise none.
+
+  For callers that show the results themselves (the command line), and for
+  entry points built on others, so that one call raises one set.
+  """
+  token = _quiet.set(True)
+  try:
+    yield
+  finally:
+    _quiet.reset(token)
+
+
+@contextlib.contextmanager
+def trace_time_name_warnings_silenced(active: bool = True):
+  """Hides the trace-time "names absent" warning while a result reports it.
+
+  ``rt.remat`` regions warn when traced under a policy whose names are
+  absent (context.warn_if_unmatched); a result that already carries the
+  same finding raises it once, not twice.
+  """
+  if not active:
+    yield
+    return
+  with _warnings.catch_warnings():
+    _warnings.filterwarnings(
+        "ignore", message=r"Policy .* but none of them is present",
+        category=UserWarning)
+    yield
+
+
 # ==================================================================== API
 
 def _resolve_policy(policy: str | Policy | None) -> Policy:
@@ -541,14 +754,17 @@ def analyze(fn: Callable[..., Any], *args: Any,
     compile: also lower ``jit(grad(fn))`` and add XLA's memory analysis.
 
   Returns:
-    A :class:`ResidualReport`.
+    A :class:`ResidualReport`; its ``warnings`` say when the figures are not
+    the policy's own (each is also raised once as a ``UserWarning``).
 
   Raises:
     ValueError: unknown policy name, non-scalar loss, no float argument.
     TypeError: a policy that is not a name/Policy, or a non-array argument.
   """
   resolved = _resolve_policy(policy)
-  return TracedProgram(fn, args).report(resolved, compile=compile)
+  report = TracedProgram(fn, args).report(resolved, compile=compile)
+  warn_once(report.warnings)
+  return report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -560,15 +776,21 @@ class Comparison:
     skipped: policy name -> why it was not analysed (e.g. offloading under
       ``jax_remat3``).
     regions: remat regions that took the compared policies.
+    warnings: why some figures may not be the policies' own: said once for
+      the function (no region reads the policy, regions with their own
+      policy), then once per policy that keeps none of its names.
   """
 
   reports: Mapping[str, ResidualReport]
   skipped: Mapping[str, str]
   regions: int
+  warnings: tuple[str, ...] = ()
 
   def __repr__(self) -> str:
     return (f"Comparison(policies={list(self.reports)}, "
-            f"skipped={list(self.skipped)}, regions={self.regions})")
+            f"skipped={list(self.skipped)}, regions={self.regions}"
+            + (f", warnings={len(self.warnings)}" if self.warnings else "")
+            + ")")
 
   @property
   def baseline(self) -> ResidualReport | None:
@@ -627,8 +849,15 @@ class Comparison:
           "xla_temp_bytes": (r.xla or {}).get("temp_bytes"),
           "activation_bytes_per_device": r.activation_bytes_per_device,
           "pareto": pareto[name],
+          "keeps_none_of_its_names": name in self._silent(),
       })
     return rows
+
+  def _silent(self) -> frozenset[str]:
+    """Policies that keep none of their names in this model."""
+    return frozenset(n for n, r in self.reports.items()
+                     if any(w.startswith(f"policy {n!r} {_KEEPS_NONE}")
+                            for w in r.warnings))
 
   def _table_rows(self) -> tuple[list[str], list[list[str]]]:
     headers = ["policy", "activations", "% of save-everything", "offloaded",
@@ -641,7 +870,8 @@ class Comparison:
       headers.insert(len(headers) - 1, "XLA temp")
     body = []
     for row in self.rows():
-      line = [row["policy"], format_bytes(row["activation_bytes"]),
+      mark = " !" if row["keeps_none_of_its_names"] else ""
+      line = [row["policy"] + mark, format_bytes(row["activation_bytes"]),
               "" if row["percent_of_save_everything"] is None
               else f"{row['percent_of_save_everything']:.1f}%",
               format_bytes(row["offloaded_bytes"]) if row["offloaded_bytes"] else "-",
@@ -669,20 +899,25 @@ class Comparison:
           "better on one)")
     for name, why in self.skipped.items():
       lines.append(f"skipped {name}: {why}")
-    if self.regions == 0:
-      lines.append(_NO_REGIONS)
+    if self._silent():
+      lines.append("! = keeps none of its names in this model (see warnings)")
+    lines.extend(f"warning: {w}" for w in self.warnings)
     return "\n".join(lines)
 
   def _repr_html_(self) -> str:
     headers, body = self._table_rows()
     pareto = [row["pareto"] for row in self.rows()]
-    notes = "".join(f"<p>skipped {n}: {w}</p>" for n, w in self.skipped.items())
-    return html_table(headers, body, caption="Policies compared (bold: Pareto-optimal)",
-                      highlight=pareto) + notes
+    notes = "".join(f"<p>skipped {html.escape(n)}: {html.escape(w)}</p>"
+                    for n, w in self.skipped.items())
+    if self._silent():
+      notes += "<p>! = keeps none of its names in this model (see warnings)</p>"
+    return (html_table(headers, body,
+                       caption="Policies compared (bold: Pareto-optimal)",
+                       highlight=pareto) + notes + warnings_html(self.warnings))
 
   def to_dict(self) -> dict[str, Any]:
     return {"rows": self.rows(), "skipped": dict(self.skipped),
-            "regions": self.regions}
+            "regions": self.regions, "warnings": list(self.warnings)}
 
   def to_json(self, **kwargs: Any) -> str:
     return json.dumps(self.to_dict(), **kwargs)
@@ -714,12 +949,6 @@ class Comparison:
     return ax
 
 
-_NO_REGIONS = (
-    "warning: fn has no remat region that reads the ambient policy, so every "
-    "policy gives the same result. Wrap blocks with remat_toolkit.remat (policy "
-    "left as None) or use remat_toolkit.remat_modules.")
-
-
 def compare(fn: Callable[..., Any], *args: Any,
             policies: Sequence[str | Policy] | None = None,
             compile: bool = False) -> Comparison:
@@ -732,7 +961,8 @@ def compare(fn: Callable[..., Any], *args: Any,
     compile: add XLA's memory analysis per policy (slow: one compile each).
 
   Returns:
-    A :class:`Comparison`.
+    A :class:`Comparison`; its ``warnings`` (each raised once as a
+    ``UserWarning``) name the policies whose figures are not their own.
   """
   if policies is None:
     chosen = [catalog.get_policy(n) for n in catalog.list_policies()]
@@ -743,9 +973,6 @@ def compare(fn: Callable[..., Any], *args: Any,
           f"write policies=[{policies!r}].")
     chosen = [_resolve_policy(p) for p in policies]
   program = TracedProgram(fn, args)
-  if program.regions == 0:
-    import warnings
-    warnings.warn(_NO_REGIONS, UserWarning, stacklevel=2)
   reports: dict[str, ResidualReport] = {}
   skipped: dict[str, str] = {}
   for policy in chosen:
@@ -756,4 +983,11 @@ def compare(fn: Callable[..., Any], *args: Any,
                               + compat.offloading_refusal())
       continue
     reports[policy.name] = program.report(policy, compile=compile)
-  return Comparison(reports=reports, skipped=skipped, regions=program.regions)
+  found = region_warnings(program) + [
+      w for w in (unmatched_names_warning(program, p) for p in chosen
+                  if p.name in reports) if w]
+  comparison = Comparison(reports=reports, skipped=skipped,
+                          regions=program.regions,
+                          warnings=tuple(dict.fromkeys(found)))
+  warn_once(comparison.warnings)
+  return comparison

@@ -57,9 +57,11 @@ import numpy as np
 import optax
 
 from remat_toolkit import _compat as compat
+from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit import context
-from remat_toolkit.display import format_bytes, html_table, parse_bytes, text_table
+from remat_toolkit.display import (format_bytes, html_table, parse_bytes,
+                                   text_table, warnings_html)
 from remat_toolkit.policy import Policy
 
 __all__ = ["bench", "BenchRecord", "BenchResult", "largest_batch", "BatchFit",
@@ -587,6 +589,9 @@ class BenchResult:
     skipped: policy name -> why it did not run.
     load_average: the host's 1-minute load average after the run, if known
       (above the core count, CPU step times are noisy).
+    warnings: why some policies' figures may not be their own: no remat
+      region reads the ambient policy, regions with their own policy, or a
+      policy that keeps none of its names in this model.
   """
 
   records: tuple[BenchRecord, ...]
@@ -599,6 +604,7 @@ class BenchResult:
   jax_remat3: bool
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
   load_average: float | None = None
+  warnings: tuple[str, ...] = ()
 
   @property
   def baseline(self) -> BenchRecord:
@@ -625,6 +631,11 @@ class BenchResult:
   def to_json(self, **kwargs: Any) -> str:
     """The records as a JSON list."""
     return json.dumps(self.rows(), **kwargs)
+
+  def to_dict(self) -> dict[str, Any]:
+    """The records with what the run was, what it skipped and its warnings."""
+    return {"model": self.model, "records": self.rows(),
+            "skipped": dict(self.skipped), "warnings": list(self.warnings)}
 
   def to_csv(self) -> str:
     """The records as CSV, one line per record after a header."""
@@ -696,6 +707,7 @@ class BenchResult:
             f"{cores} cores): step times are noisy.")
     for name, why in self.skipped.items():
       out.append(f"skipped {name}: {why}")
+    out.extend(f"warning: {w}" for w in self.warnings)
     return out
 
   def to_markdown(self) -> str:
@@ -713,8 +725,11 @@ class BenchResult:
 
   def _repr_html_(self) -> str:
     headers, body = self._table()
-    notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes())
-    return html_table(headers, body, caption="Training step per policy") + notes
+    # notes() ends with the warnings, which are set apart here.
+    plain = self.notes()[:len(self.notes()) - len(self.warnings)]
+    notes = "".join(f"<p>{html.escape(n)}</p>" for n in plain)
+    return (html_table(headers, body, caption="Training step per policy")
+            + notes + warnings_html(self.warnings))
 
 
 # ================================================================ running
@@ -893,7 +908,8 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
     progress: print ``[i/n] policy: ...`` lines on stderr.
 
   Returns:
-    A :class:`BenchResult`.
+    A :class:`BenchResult`; its ``warnings`` (each raised once as a
+    ``UserWarning``) come from one trace of the loss by the analyzer.
 
   Raises:
     ValueError: an unknown policy, ``steps < 1``, ``warmup < 0``, a batch
@@ -913,23 +929,46 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
                        default_batch=lambda b: b * _lcm(accums))
   _check_divides(workload.batch_size, accums)
   runnable, skipped = _runnable(chosen)
+  findings, silent = _policy_findings(workload, runnable)
   plan = [(p, k) for k in accums for p in runnable]
   tracker = _Progress(2 * len(plan), progress)
   try:
-    compiled = list(_compile_all(plan, workload, tracker, deadline, skipped))
+    compiled = list(_compile_all(plan, workload, tracker, deadline, skipped,
+                                 silent))
     records = _run_all(compiled, workload, tracker, steps=steps, warmup=warmup,
                        skipped=skipped)
   finally:
     tracker.close()
   base = records[0]
   device = jax.devices()[0]
-  return BenchResult(
+  result = BenchResult(
       records=tuple(_with_relative(r, base) for r in records),
       model=workload.description, steps=steps, warmup=warmup,
       backend=jax.default_backend(), device_kind=device.device_kind,
       xla_flags=os.environ.get("XLA_FLAGS", ""),
       jax_remat3=compat.remat3_enabled(), skipped=skipped,
-      load_average=_load_average())
+      load_average=_load_average(), warnings=tuple(findings))
+  analysis.warn_once(result.warnings)
+  return result
+
+
+def _policy_findings(workload: _Workload, policies: Sequence[Policy]
+                     ) -> tuple[list[str], frozenset[str]]:
+  """The analyzer's warnings for the run, and the policies keeping no name.
+
+  One trace of the loss (no compile) says whether the regions take the
+  policies at all, before minutes of compiling say nothing.
+  """
+  program = analysis.TracedProgram(workload.loss_fn,
+                                   (workload.params, workload.batch))
+  found = analysis.region_warnings(program)
+  silent = set()
+  for policy in policies:
+    unmatched = analysis.unmatched_names_warning(program, policy)
+    if unmatched:
+      found.append(unmatched)
+      silent.add(policy.name)
+  return found, frozenset(silent)
 
 
 def _load_average() -> float | None:
@@ -941,7 +980,8 @@ def _load_average() -> float | None:
 
 def _compile_all(plan: Sequence[tuple[Policy, int]], workload: _Workload,
                  tracker: _Progress, deadline: _Deadline,
-                 skipped: dict[str, str]) -> Iterator[_Compiled]:
+                 skipped: dict[str, str],
+                 silent: frozenset[str] = frozenset()) -> Iterator[_Compiled]:
   for i, (policy, accum) in enumerate(plan):
     item = _Compiled(policy, accum, None, 0.0, {})
     if i and deadline.expired():
@@ -950,8 +990,10 @@ def _compile_all(plan: Sequence[tuple[Policy, int]], workload: _Workload,
       continue
     tracker.start(_label(item), "compiling...")
     try:
-      item.executable, item.compile_time_s = _compile_step(
-          workload, policy, accum, workload.batch)
+      # The result raises a policy's absent names once; tracing would again.
+      with analysis.trace_time_name_warnings_silenced(policy.name in silent):
+        item.executable, item.compile_time_s = _compile_step(
+            workload, policy, accum, workload.batch)
     except Exception as e:  # noqa: BLE001 - one policy must not sink the run
       if not i:
         raise

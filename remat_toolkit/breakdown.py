@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ import jax
 import numpy as np
 import optax
 
+from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit import context
 from remat_toolkit.analysis import TracedProgram, cpu_scheduler_setting
@@ -124,6 +126,8 @@ class Breakdown:
     xla_temp_bytes: XLA's temporary buffer size for ``jit(grad(fn))`` under
       ``policy`` (only with ``compile=True``).
     xla_note: the backend (and CPU scheduler) that figure was taken with.
+    warnings: why the activations may not be the policy's own (see
+      :func:`remat_toolkit.analysis.policy_warnings`).
   """
 
   param_bytes: int
@@ -140,6 +144,7 @@ class Breakdown:
   remat_regions: int
   xla_temp_bytes: int | None = None
   xla_note: str = ""
+  warnings: tuple[str, ...] = ()
 
   # ------------------------------------------------------------ totals
   def categories(self) -> dict[str, int]:
@@ -234,6 +239,7 @@ class Breakdown:
     if self.xla_temp_bytes is not None:
       lines.append(f"XLA temporaries (compiled): {format_bytes(self.xla_temp_bytes)}"
                    + (f" [{self.xla_note}]" if self.xla_note else ""))
+    lines.extend(f"warning: {w}" for w in self.warnings)
     return lines
 
   def __str__(self) -> str:
@@ -246,13 +252,15 @@ class Breakdown:
     bold = [row[0] == self.dominant for row in body]
     table = html_table(headers, body, caption="Memory of one training step",
                        highlight=bold)
-    lines = "<br>".join(self.summary_lines())
+    lines = "<br>".join(html.escape(line, quote=False)
+                        for line in self.summary_lines())
     return (f"<div>{table}<p style='font-family:monospace'>{lines}</p>"
-            f"<p>{self.verdict}</p></div>")
+            f"<p>{html.escape(self.verdict, quote=False)}</p></div>")
 
   def to_dict(self) -> dict[str, Any]:
     """Plain data: every field, the totals, the dominant category, the verdict."""
     out = dataclasses.asdict(self)
+    out["warnings"] = list(self.warnings)
     out.update(total_bytes=self.total_bytes, dominant=self.dominant,
                remat_helps=self.remat_helps, verdict=self.verdict)
     return out
@@ -294,7 +302,8 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
     compile: also compile ``jit(grad(fn))`` for XLA's temporary bytes (slow).
 
   Returns:
-    A :class:`Breakdown`.
+    A :class:`Breakdown` (its ``warnings``, each raised once as a
+    ``UserWarning``, are those of :func:`remat_toolkit.analyze`).
 
   Raises:
     ValueError: unknown policy or optimizer name, non-scalar loss.
@@ -317,7 +326,7 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
     note = report.xla.get("backend", "")
     if note == "cpu":
       note = f"cpu, {cpu_scheduler_setting()}"
-  return Breakdown(
+  result = Breakdown(
       param_bytes=_tree_bytes(params),
       grad_bytes=_tree_bytes(params, inexact_only=True),
       optimizer_bytes=opt_bytes,
@@ -328,4 +337,7 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
       save_everything_bytes=extremes["save-everything"],
       recompute_percent=report.recompute_percent,
       policy=resolved.name, optimizer=opt_name,
-      remat_regions=program.regions, xla_temp_bytes=xla_temp, xla_note=note)
+      remat_regions=program.regions, xla_temp_bytes=xla_temp, xla_note=note,
+      warnings=report.warnings)
+  analysis.warn_once(result.warnings)
+  return result

@@ -590,6 +590,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     print(result.to_csv(), end="")
   else:
     print(result)
+  if args.json or args.csv:  # the records hold no warnings: say them here
+    for warning in getattr(result, "warnings", ()):
+      print(f"{PROG}: warning: {warning}", file=sys.stderr)
   return 0
 
 
@@ -812,9 +815,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
   except SystemExit as e:  # argparse printed the usage error or --help.
     return e.code if isinstance(e.code, int) else 2
+  from remat_toolkit import analysis
   try:
     _load_user_policies(args.policies)
-    return args.run(args)
+    # Every result prints its warnings with it (JSON included); raised as
+    # Python warnings too, they would show twice.
+    with analysis.quiet_warnings():
+      return args.run(args)
   except _USER_ERRORS as e:
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 2

@@ -6,7 +6,8 @@ import html
 import math
 from collections.abc import Sequence
 
-__all__ = ["format_bytes", "format_flops", "text_table", "html_table", "parse_bytes"]
+__all__ = ["format_bytes", "format_flops", "text_table", "html_table", "parse_bytes",
+           "warnings_html"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _PARSE_UNITS = {
@@ -138,3 +139,15 @@ def html_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
         f"<td style='{style}'>{html.escape(str(c))}</td>" for c in row) + "</tr>")
   out.append("</tbody></table>")
   return "".join(out)
+
+
+def warnings_html(warnings: Sequence[str]) -> str:
+  """A result's warnings as HTML paragraphs, set apart so none is missed.
+
+  Example:
+    >>> warnings_html(["policy 'x' changes nothing"])
+    "<p style='color:#b45309;font-family:monospace'>warning: policy 'x' changes nothing</p>"
+  """
+  return "".join(
+      "<p style='color:#b45309;font-family:monospace'>warning: "
+      f"{html.escape(w, quote=False)}</p>" for w in warnings)

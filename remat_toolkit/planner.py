@@ -58,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import heapq
+import html
 import itertools
 import json
 import math
@@ -67,10 +68,11 @@ from pathlib import Path
 from typing import Any
 
 from remat_toolkit import _compat as compat
+from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit.analysis import ResidualReport, TracedProgram
 from remat_toolkit.display import (format_bytes, format_flops, html_table,
-                                   parse_bytes, text_table)
+                                   parse_bytes, text_table, warnings_html)
 from remat_toolkit.policy import Policy
 
 __all__ = ["plan", "Plan", "Planner", "frontier", "Frontier", "FrontierPoint",
@@ -91,6 +93,13 @@ DEFAULT_GROUP_SIZES: tuple[int | str, ...] = (1, 2, 4, "sqrt")
 DEFAULT_MAX_EVALUATIONS = 48
 # Most model predictions measured before the branch and bound starts.
 _MODEL_CANDIDATES = 8
+
+_NO_NAMES = (
+    "no remat region that reads the ambient policy holds a checkpoint name, "
+    "so the plan could only choose between boundary-only and the whole-model "
+    "alternatives (save-everything, save-matmuls, save-matmuls-no-batch); tag "
+    "the tensors worth keeping with remat_toolkit.tag(x, name) to let it keep "
+    "some and recompute the rest.")
 
 # Whole alternatives: policies JAX cannot combine with checkpoint names.
 _MODES: dict[str, dict[str, Any]] = {
@@ -443,6 +452,9 @@ class Plan:
       unlimited).
     host_bandwidth: bytes/s used to cost transfers.
     device_flops: FLOP/s used to convert transfer time to FLOPs.
+    warnings: what limited the search without failing it: regions with
+      their own policy (they keep what they keep, whatever the plan), or no
+      checkpoint name to decide on.
   """
 
   policy: Policy
@@ -466,6 +478,7 @@ class Plan:
   host_budget: int | None = None
   host_bandwidth: float = DEFAULT_HOST_BANDWIDTH
   device_flops: float = DEFAULT_DEVICE_FLOPS
+  warnings: tuple[str, ...] = ()
 
   @property
   def closest_builtins(self) -> tuple[NamedFit, ...]:
@@ -541,6 +554,7 @@ class Plan:
           lines.append(f"  {what:<9} {', '.join(names)}")
     else:
       lines.append(f"  policy: {self.policy.keeps_summary()}")
+    lines.extend(f"  warning: {w}" for w in self.warnings)
     return lines
 
   def _named_rows(self) -> tuple[list[str], list[list[str]]]:
@@ -588,7 +602,8 @@ class Plan:
     return "\n".join(out)
 
   def _repr_html_(self) -> str:
-    summary = "<br>".join(line.strip() for line in self.summary_lines())
+    summary = "<br>".join(html.escape(line.strip(), quote=False)
+                          for line in self.summary_lines())
     headers, body = self._named_rows()
     named = html_table(headers, body, caption="Named policies on the same model",
                        highlight=[row[4] == "yes" for row in body])
@@ -624,6 +639,7 @@ class Plan:
         "host_budget": self.host_budget,
         "host_bandwidth": self.host_bandwidth,
         "device_flops": self.device_flops,
+        "warnings": list(self.warnings),
     }
 
   def to_json(self, **kwargs: Any) -> str:
@@ -708,11 +724,12 @@ class Planner:
     _check_rates(allow_offload, host_bandwidth, device_flops)
     program = TracedProgram(fn, args)
     if program.regions == 0:
-      raise ValueError(
-          "fn has no remat region that reads the ambient policy, so every "
-          "policy keeps the same activations and there is nothing to plan; "
-          "wrap its blocks with remat_toolkit.remat (policy left as None).")
+      raise ValueError("There is nothing to plan: "
+                       + analysis.region_warnings(program)[0])
     self.program = program
+    self.warnings: tuple[str, ...] = tuple(
+        analysis.region_warnings(program)
+        + ([] if program.ambient_names else [_NO_NAMES]))
     self.allow_offload = allow_offload
     self.host_bandwidth = float(host_bandwidth)
     self.device_flops = float(device_flops)
@@ -808,7 +825,7 @@ class Planner:
         workspace_bytes=workspace, estimated_peak=best.device_bytes + workspace,
         bounds="estimated peak" if peak else "kept activations",
         host_budget=host, host_bandwidth=self.host_bandwidth,
-        device_flops=self.device_flops)
+        device_flops=self.device_flops, warnings=self.warnings)
 
   def measure(self, policy: str | Policy) -> ResidualReport:
     """The analyzer's report of a catalogue policy or :class:`Policy`
@@ -1045,7 +1062,8 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
       it the best plan measured is returned with ``optimal=False``.
 
   Returns:
-    A :class:`Plan`.
+    A :class:`Plan`; its ``warnings`` (each raised once as a ``UserWarning``)
+    say what limited the search.
 
   Raises:
     ValueError: a budget below the least any policy keeps (the message says
@@ -1060,9 +1078,12 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
                device_flops=device_flops)
   search = dict(host_budget=host_budget, max_evaluations=max_evaluations)
   if groups is None:
-    return Planner(fn, *args, **rates).plan(limit, **search)
-  layouts = [(None, lambda: (fn, args))] + _layouts(groups, group_sizes)
-  return _plan_groups(layouts, limit, rates, search)
+    result = Planner(fn, *args, **rates).plan(limit, **search)
+  else:
+    layouts = [(None, lambda: (fn, args))] + _layouts(groups, group_sizes)
+    result = _plan_groups(layouts, limit, rates, search)
+  analysis.warn_once(result.warnings)
+  return result
 
 
 def _plan_groups(layouts, limit: int, rates: dict, search: dict) -> Plan:
@@ -1140,9 +1161,11 @@ class Frontier:
 
   Attributes:
     points: every point, least memory first.
+    warnings: what limited the plans (see :attr:`Plan.warnings`).
   """
 
   points: tuple[FrontierPoint, ...]
+  warnings: tuple[str, ...] = ()
 
   @property
   def frontier(self) -> tuple[FrontierPoint, ...]:
@@ -1171,15 +1194,16 @@ class Frontier:
     return (text_table(headers, body,
                        right=[False, False, True, True, True, False])
             + "\n* = Pareto-optimal (no point keeps fewer bytes with no more "
-            "recompute)")
+            "recompute)" + "".join(f"\nwarning: {w}" for w in self.warnings))
 
   def _repr_html_(self) -> str:
     headers, body = self._table()
     return html_table(headers, body, caption="Memory vs recompute (bold: frontier)",
-                      highlight=[p.on_frontier for p in self.points])
+                      highlight=[p.on_frontier for p in self.points]
+                      ) + warnings_html(self.warnings)
 
   def to_dict(self) -> dict[str, Any]:
-    return {"points": self.rows()}
+    return {"points": self.rows(), "warnings": list(self.warnings)}
 
   def to_json(self, **kwargs: Any) -> str:
     return json.dumps(self.to_dict(), **kwargs)
@@ -1256,7 +1280,9 @@ def frontier(fn: Callable[..., Any], *args: Any,
   points = [dataclasses.replace(p, on_frontier=f)
             for p, f in zip(items, flags, strict=True)]
   points.sort(key=lambda p: (p.activation_bytes, p.recompute_flops, p.label))
-  return Frontier(points=tuple(points))
+  result = Frontier(points=tuple(points), warnings=planner.warnings)
+  analysis.warn_once(result.warnings)
+  return result
 
 
 def _point(label: str, source: str, policy: Policy, report: ResidualReport,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import html
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -92,8 +93,10 @@ class Verification:
     reference: what the gradients were compared with.
     no_op: ``"save-everything"`` or ``"boundary-only"`` when the policy keeps
       exactly what that policy keeps although it names something else.
-    warnings: effects recomputed inside remat regions, traces that differ,
-      policies ignored by the remat implementation in use.
+    warnings: regions that do not take the policy (none reads it, or some
+      have their own), a policy that keeps none of its names in this model,
+      effects recomputed inside remat regions, traces that differ, policies
+      ignored by the remat implementation in use.
     regions: remat regions that took the policy (ambient regions).
     activation_bytes: device activation bytes the policy keeps.
     offloaded_bytes: activation bytes it moves to host memory.
@@ -158,6 +161,10 @@ class Verification:
 
   def __str__(self) -> str:
     return "\n".join(self.summary_lines())
+
+  def _repr_html_(self) -> str:
+    text = html.escape("\n".join(self.summary_lines()), quote=False)
+    return f"<pre>{text}</pre>"
 
   def to_dict(self) -> dict[str, Any]:
     """Plain data, with ``passed`` and ``problems``."""
@@ -423,19 +430,6 @@ def _remat3_warning(policy: Policy | _RawPolicy) -> str | None:
   return None
 
 
-def _region_warnings(program: analysis.TracedProgram, explicit: bool,
-                     policy_name: str) -> list[str]:
-  if _jaxpr.count_remat_regions(program.jaxpr.jaxpr) == 0:
-    return ["fn has no remat region at all, so nothing is recomputed and "
-            "there is nothing to verify; wrap blocks with remat_toolkit.remat "
-            "or remat_toolkit.remat_modules."]
-  if explicit and program.regions == 0:
-    return [f"no remat region in fn reads the ambient policy, so policy "
-            f"{policy_name!r} changes nothing; build regions with "
-            "remat_toolkit.remat and policy left as None."]
-  return []
-
-
 # ================================================================ verify
 
 def _check_options(rtol: Any, atol: Any, seed: Any) -> None:
@@ -481,7 +475,9 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
     seed: seed of the random inputs built for abstract arguments.
 
   Returns:
-    A :class:`Verification`.
+    A :class:`Verification`. Its warnings about regions that do not take the
+    policy, and a policy that keeps none of its names, are also raised once
+    as a ``UserWarning`` (unless ``strict`` raises).
 
   Raises:
     ValueError: unknown policy name, non-scalar loss, no float argument, an
@@ -496,7 +492,11 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
   residuals = _residuals(program, resolved)
   kept = _residual_signature(residuals)
 
-  warnings = _region_warnings(program, policy is not None, resolved.name)
+  # Shared with every other entry point: regions that do not take the
+  # policy, and a policy that keeps none of its names.
+  unheard = analysis.policy_warnings(program, resolved,
+                                     asked=policy is not None)
+  warnings = list(unheard)
   for extra in (_remat3_warning(resolved), _retrace_warning(fn, args, program)):
     if extra:
       warnings.append(extra)
@@ -513,8 +513,10 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
 
   diff, inputs = None, "not checked"
   if check_values:
-    diff, inputs = _check_gradients(fn, args, program, resolved, reference,
-                                    rtol, atol, seed, warnings)
+    unmatched = analysis.unmatched_names_warning(program, resolved)
+    with analysis.trace_time_name_warnings_silenced(unmatched is not None):
+      diff, inputs = _check_gradients(fn, args, program, resolved, reference,
+                                      rtol, atol, seed, warnings)
   result = Verification(
       policy=resolved.name,
       ok=None if diff is None else diff.ok,
@@ -534,6 +536,7 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
         f"verify found {len(result.problems)} problem(s) with policy "
         f"{result.policy!r}: {listed}. Call verify(..., strict=False) to "
         "inspect the Verification.")
+  analysis.warn_once(unheard)
   return result
 
 
