@@ -475,3 +475,26 @@ def linen_decorator_lift_transform(transform: Callable[..., Any],
   """Flax linen's ``decorator_lift_transform`` (a lifted method)."""
   from flax.linen import transforms as linen_transforms
   return linen_transforms.decorator_lift_transform(transform, method, **kwargs)
+
+
+def nnx_split_inputs(f: Callable[..., Any], ctxtag: str) -> Callable[..., Any]:
+  """Flax NNX's ``split_inputs``: graph nodes in, graph updates written back.
+
+  With :func:`nnx_merge_inputs` inside a JAX transform it lifts that
+  transform the way ``nnx.remat`` lifts ``jax.checkpoint``, so attribute,
+  Variable and structure updates made inside reach the caller's modules.
+  """
+  from flax.nnx.transforms import general
+  return general.split_inputs(f, ctxtag=ctxtag)
+
+
+def nnx_merge_inputs(f: Callable[..., Any], ctxtag: str) -> Callable[..., Any]:
+  """Flax NNX's ``merge_inputs``, the inner half of :func:`nnx_split_inputs`."""
+  from flax.nnx.transforms import general
+  return general.merge_inputs(f, ctxtag=ctxtag)
+
+
+def is_nnx_node_states(x: Any) -> bool:
+  """Whether ``x`` is the pytree ``nnx_split_inputs`` puts for a graph node."""
+  from flax.nnx import extract
+  return isinstance(x, extract.NodeStates)

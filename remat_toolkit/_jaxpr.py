@@ -9,7 +9,9 @@ specifics come from :mod:`remat_toolkit._compat`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.util
 import os
 import re
 import weakref
@@ -198,10 +200,23 @@ _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 _MODELS_DIR = _PACKAGE_DIR + "models" + os.sep
 
 
+@functools.lru_cache(maxsize=1)
+def _flax_lifting_files() -> tuple[str, ...]:
+  spec = importlib.util.find_spec("flax")
+  if spec is None or not spec.origin:
+    return ()
+  nnx_dir = os.path.join(os.path.dirname(spec.origin), "nnx") + os.sep
+  return (nnx_dir + "transforms" + os.sep, nnx_dir + "graph.py",
+          nnx_dir + "graphlib.py", nnx_dir + "extract.py")
+
+
 def _is_toolkit_plumbing(file_name: str) -> bool:
   # Frames of the toolkit's own wrappers (tag, remat, ...) say nothing about
-  # where in the model a value was made; the built-in models do.
-  return file_name.startswith(_PACKAGE_DIR) and not file_name.startswith(_MODELS_DIR)
+  # where in the model a value was made; the built-in models do. NNX regions
+  # are lifted through Flax's split/merge helpers, which say nothing either.
+  if file_name.startswith(_PACKAGE_DIR):
+    return not file_name.startswith(_MODELS_DIR)
+  return file_name.startswith(_flax_lifting_files())
 
 
 def source_of(eqn: JaxprEqn) -> str:

@@ -331,58 +331,207 @@ def _is_nnx_node(x: Any) -> bool:
   return nnx.graph.is_graph_node(x)
 
 
+# ------------------------------------------------------------ NNX module paths
+#
+# NNX modules do not know where they sit in a model, and unlike linen they
+# push no name scopes, so nothing in a jaxpr says which module made a value.
+# A module whose class is a "scoped" subclass (same name, one per class and
+# path) pushes ``jax.named_scope`` with its attribute path (``layers/0/attn``)
+# around its methods, as linen does. The path lives in the class, and NNX
+# records classes in graph definitions, so it survives ``nnx.split`` /
+# ``nnx.merge`` and the copies NNX transforms (``nnx.scan``) make.
+
+_nnx_module_path: contextvars.ContextVar[tuple[str, ...] | None] = (
+    contextvars.ContextVar("remat_toolkit_nnx_module_path", default=None))
+
+_scoped_classes: dict[tuple[type, tuple[str, ...]], type | None] = {}
+
+
+@contextlib.contextmanager
+def _module_scope(path: tuple[str, ...], method: str | None = None,
+                  root_name: str = "") -> Iterator[None]:
+  """The name scope of a call of module ``path``, relative to its caller's."""
+  current = _nnx_module_path.get()
+  rel = (path[len(current):] if current is not None
+         and path[:len(current)] == current else path)
+  # The model itself is scoped by its class name, as linen's root is; the
+  # analyzer drops that root from every path.
+  label = "/".join(rel) or (root_name if current is None else "")
+  if label and method:
+    label = f"{label}.{method}"  # linen's format: ``embed.attend``
+  token = _nnx_module_path.set(path)
+  try:
+    with jax.named_scope(label) if label else contextlib.nullcontext():
+      yield
+  finally:
+    _nnx_module_path.reset(token)
+
+
+def _unscoped(cls: type) -> type:
+  return cls.__dict__.get("_remat_toolkit_unscoped", cls)
+
+
+def _scoped_path(node: Any) -> tuple[str, ...] | None:
+  return type(node).__dict__.get("_remat_toolkit_path")
+
+
+def _scoped_method_names(cls: type) -> list[str]:
+  """``__call__`` and the public methods a module class adds to nnx.Module."""
+  from flax import nnx
+  names: list[str] = []
+  for klass in cls.__mro__:
+    for name, value in vars(klass).items():
+      if name in names or not callable(value) or isinstance(value, type):
+        continue
+      if name == "__call__" or (
+          not name.startswith("_") and inspect.isfunction(value)
+          and not hasattr(nnx.Module, name)):
+        names.append(name)
+  return names
+
+
+def _scoped_method(method: Callable[..., Any], path: tuple[str, ...],
+                   name: str, class_name: str) -> Callable[..., Any]:
+  @functools.wraps(method)
+  def scoped(self, *args, **kwargs):
+    with _module_scope(path, None if name == "__call__" else name,
+                       class_name):
+      return method(self, *args, **kwargs)
+  return scoped
+
+
+def _scoped_class(cls: type, path: tuple[str, ...]) -> type | None:
+  """``cls`` whose methods run in the name scope of ``path`` (None: cannot)."""
+  cls = _unscoped(cls)
+  key = (cls, path)
+  if key not in _scoped_classes:
+    namespace = {name: _scoped_method(getattr(cls, name), path, name,
+                                      cls.__name__)
+                 for name in _scoped_method_names(cls)}
+    namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__,
+                     _remat_toolkit_path=path, _remat_toolkit_unscoped=cls)
+    try:
+      # Same name: reprs, errors and auto-generated names do not change.
+      _scoped_classes[key] = type(cls.__name__, (cls,), namespace)
+    except TypeError:  # a class that refuses subclasses keeps no path
+      _scoped_classes[key] = None
+  return _scoped_classes[key]
+
+
+def _scope_graph(node: Any, prefix: tuple[str, ...]
+                 ) -> list[tuple[Any, type]]:
+  """Gives every module in ``node``'s graph its path; returns the changes."""
+  from flax import nnx
+  changed = []
+  for path, sub in nnx.iter_graph(node):
+    if not isinstance(sub, nnx.Module):
+      continue
+    scoped = _scoped_class(type(sub), prefix + tuple(str(p) for p in path))
+    if scoped is not None and scoped is not type(sub):
+      changed.append((sub, type(sub)))
+      sub.__class__ = scoped
+  return changed
+
+
+def name_nnx_modules(model: Any) -> Any:
+  """Makes the analyzer attribute ``model``'s values to its submodules.
+
+  Each module's class becomes a subclass of the same name that pushes the
+  module's attribute path (``layers/0/attn``, where linen says
+  ``layers_0/attn``) as a ``jax.named_scope`` around its methods, and the
+  model's class name around its own (the root the analyzer drops, as for
+  linen). Values, what is saved and the compiled program are unchanged; only
+  the ops' names carry the path. Modules added later have no path; a module
+  called from outside the model is named by its full path.
+
+  Args:
+    model: an NNX Module, changed in place.
+
+  Returns:
+    ``model``.
+  """
+  _scope_graph(model, ())
+  return model
+
+
+@contextlib.contextmanager
+def _region_scopes(nodes: Sequence[Any], self_node: Any) -> Iterator[None]:
+  """Module paths inside a region whose modules were given none.
+
+  Without the model at hand, a module is named by its class, its submodules
+  by their attribute paths below it (``Block/attn/query``). The classes are
+  put back before NNX records the region's graph updates.
+  """
+  changed: list[tuple[Any, type]] = []
+  try:
+    for node in nodes:
+      if _scoped_path(node) is None:
+        changed += _scope_graph(node, (type(node).__name__,))
+    path = None if self_node is None else _scoped_path(self_node)
+    with _module_scope(path) if path is not None else contextlib.nullcontext():
+      yield
+  finally:
+    for sub, cls in reversed(changed):
+      sub.__class__ = cls
+
+
 # --------------------------------------------------------------- NNX lifting
+
+_NNX_CTXTAG = "remat_toolkit.remat"
+
 
 @dataclasses.dataclass(frozen=True)
 class _NodeSlot:
-  """Stands for the i-th NNX graph node of a call while it is traced."""
+  """Stands for the i-th NNX graph node state of a call while it is traced."""
 
   index: int
 
 
 def _call_nnx(fn: Callable[..., Any], spec: _RegionSpec, args: tuple,
-              kwargs: dict) -> Any:
-  """Runs ``fn`` on NNX modules as one region, like ``nnx.remat``.
+              kwargs: dict, *, method: bool) -> Any:
+  """Runs ``fn`` on NNX modules as one region, lifted as ``nnx.remat`` is.
 
-  The modules are split into graph definition and state; the region is a
-  pure function of the state that returns the updated state, which is
-  written back afterwards (rng counters, batch statistics, ``sow``).
+  Flax's own ``split_inputs`` / ``merge_inputs`` (what ``nnx.remat`` builds
+  on) turn the modules into graph definitions and state; the region is a
+  pure function of the state, and what the call changed is written back
+  afterwards: Variables (rng counters, batch statistics, ``sow``), plain
+  attributes (``self.calls += 1``) and added or removed attributes, as with
+  ``nnx.remat``. ``method``: ``args[0]`` is the module ``fn`` is a method of.
   """
   from flax import nnx
 
-  nodes: list[Any] = []
+  def call(args_, kwargs_):
+    nodes = [x for x in jax.tree_util.tree_leaves(
+        (args_, kwargs_), is_leaf=_is_nnx_node)
+             if isinstance(x, nnx.Module)]
+    with _region_scopes(nodes, args_[0] if method else None):
+      return fn(*args_, **kwargs_)
 
-  def to_slot(x):
-    if _is_nnx_node(x):
-      nodes.append(x)
-      return _NodeSlot(len(nodes) - 1)
-    return x
+  merged = compat.nnx_merge_inputs(call, _NNX_CTXTAG)
 
-  slotted_args, slotted_kwargs = jax.tree_util.tree_map(
-      to_slot, (args, kwargs), is_leaf=_is_nnx_node)
-  graphdef, state = nnx.split(tuple(nodes))
+  def split(args_, kwargs_):
+    # Module state is always traced; the other arguments follow the region's
+    # static rules.
+    states: list[Any] = []
 
-  def pure(state_, *args_, **kwargs_):
-    live = nnx.merge(graphdef, state_)
+    def to_slot(x):
+      if compat.is_nnx_node_states(x):
+        states.append(x)
+        return _NodeSlot(len(states) - 1)
+      return x
 
-    def from_slot(x):
-      return live[x.index] if isinstance(x, _NodeSlot) else x
+    slotted = jax.tree_util.tree_map(to_slot, (args_, kwargs_),
+                                     is_leaf=compat.is_nnx_node_states)
 
-    a, kw = jax.tree_util.tree_map(
-        from_slot, (args_, kwargs_), is_leaf=lambda x: isinstance(x, _NodeSlot))
-    out = fn(*a, **kw)
-    new_graphdef, new_state = nnx.split(live)
-    if new_graphdef != graphdef:
-      raise ValueError(
-          f"{spec.where} changed the structure of its NNX modules (added or "
-          "removed submodules or variables) inside a remat region; create "
-          "them before the call, e.g. in __init__.")
-    return out, new_state
+    def pure(_rt_states, *a, **kw):
+      a, kw = jax.tree_util.tree_map(
+          lambda x: _rt_states[x.index] if isinstance(x, _NodeSlot) else x,
+          (a, kw), is_leaf=lambda x: isinstance(x, _NodeSlot))
+      return merged(a, kw)
 
-  out, new_state = _checkpoint_pure(pure, spec, (state,), slotted_args,
-                                    slotted_kwargs)
-  nnx.update(tuple(nodes), new_state)
-  return out
+    return _checkpoint_pure(pure, spec, (tuple(states),), *slotted)
+
+  return compat.nnx_split_inputs(split, _NNX_CTXTAG)(args, kwargs)
 
 
 # ---------------------------------------------------------------- public API
@@ -452,7 +601,7 @@ def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
       head = 1 if nnx_call else 0
       shifted = dataclasses.replace(
           spec, static_argnums=tuple(i + head for i in spec.static_argnums))
-      return _call_nnx(fn, shifted, args, kwargs)
+      return _call_nnx(fn, shifted, args, kwargs, method=bool(nnx_call))
     return _checkpoint_cached(fn, spec, traces, args, kwargs)
 
   return region

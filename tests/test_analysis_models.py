@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import re
 import sys
 import textwrap
 from unittest import mock
@@ -12,6 +13,7 @@ import pytest
 import remat_toolkit as rt
 from remat_toolkit import _compat as compat
 from remat_toolkit import _jaxpr
+from remat_toolkit import _residuals
 from remat_toolkit import analysis
 from remat_toolkit import cli
 from remat_toolkit import models
@@ -149,3 +151,60 @@ def test_cli_user_errors_exit_2_with_one_line(argv, message):
   status, out, err = run_cli(*argv)
   assert status == 2
   assert message in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- NNX paths
+
+def linen_spelling(path, scan):
+  """An NNX attribute path in linen's spelling: ``layers/0`` is ``layers_0``;
+  the scanned stack's blocks (``layers/blocks``) are linen's ``layers``."""
+  if scan:
+    return path.replace("layers/blocks", "layers", 1)
+  return re.sub(r"^layers/(\d+)", r"layers_\1", path)
+
+
+def saved_bytes(fn, args, policy):
+  """Activation bytes of JAX's own saved_residuals under ``policy``."""
+  def under_policy(*a):
+    with rt.use_policy(policy):
+      return fn(*a)
+  return sum(_residuals.aval_nbytes(aval)
+             for aval, desc in compat.saved_residuals(under_policy, *args)
+             if not desc.startswith(("from the argument", "from a constant")))
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+def test_nnx_residuals_name_submodules_as_linen_does(remat_mode, scan):
+  reports = {}
+  for framework in models.FRAMEWORKS:
+    fn, args = models.build_loss("tiny", scan=scan, framework=framework)
+    reports[framework] = rt.analyze(fn, *args, policy="save-matmuls")
+    assert reports[framework].activation_bytes == saved_bytes(
+        fn, args, "save-matmuls"), framework
+
+  def records(framework, spell=lambda p: p):
+    # The scan's carried input sits in the stack module in NNX and at the
+    # top level in linen: where the scan is, not a submodule's value.
+    return sorted((spell(r.module_path), r.what, r.shape, r.nbytes)
+                  for r in reports[framework].activations
+                  if r.primitive != "input")
+
+  nnx_paths = {r.module_path for r in reports["nnx"].activations}
+  expected = ({"layers/blocks/attn/query", "layers/blocks/mlp/up"} if scan
+              else {f"layers/{i}/attn/{p}" for i in (0, 1)
+                    for p in ("query", "key", "value", "out")})
+  assert expected | {"ln_f", "embed.attend"} <= nnx_paths
+  assert records("nnx", lambda p: linen_spelling(p, scan)) == records("linen")
+
+
+def test_nnx_identical_layers_still_share_one_body():
+  fn, args = models.build_loss(models.get_config("tiny", num_layers=4),
+                               scan=False, framework="nnx")
+  with compat.remat3(False):
+    program = analysis.TracedProgram(fn, args)
+    bodies = {id(e.params["jaxpr"]) for e in program.jaxpr.jaxpr.eqns
+              if e.primitive is compat.remat_p}
+    assert program.regions == 4 and len(bodies) == 1
+    report = program.report(rt.get_policy("save-attention"))
+  assert {f"layers/{i}/attn" for i in range(4)} <= {
+      r.module_path for r in report.activations}

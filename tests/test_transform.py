@@ -19,6 +19,7 @@ import remat_toolkit as rt
 from remat_toolkit import _compat as compat
 from remat_toolkit import _jaxpr
 from remat_toolkit import context
+from remat_toolkit import transform
 from remat_toolkit.transform import remat_region
 
 cp = jax.checkpoint_policies
@@ -581,3 +582,108 @@ def test_remat_region_direct():
   np.testing.assert_allclose(jax.grad(lambda x: g(x).sum())(X),
                              jax.grad(lambda x: jnp.sin(jnp.sin(x)).sum())(X),
                              rtol=1e-6)
+
+
+# ---------------------------------------------------------------- NNX updates
+
+class NNXCounter(nnx.Module):
+  """Counts its calls in a plain attribute and adds one, as caches do."""
+
+  def __init__(self, rngs):
+    self.up = nnx.Linear(D, D, kernel_init=cheap_init, rngs=rngs)
+    self.drop = nnx.Dropout(0.5, rngs=rngs)
+    self.calls = 0
+
+  def __call__(self, x):
+    self.calls += 1
+    self.last_shape = x.shape
+    return self.drop(jnp.tanh(rt.tag(self.up(x), "ffn.up")))
+
+
+def counter_block(decorator):
+  class Counter(NNXCounter):
+    @decorator
+    def __call__(self, x):
+      return NNXCounter.__call__(self, x)
+  return Counter
+
+
+def test_nnx_attribute_updates_match_nnx_remat(remat_mode):
+  policy = "save-ffn"
+  classes = {"ours": counter_block(rt.remat(policy=policy)),
+             "nnx": counter_block(nnx.remat(policy=HAND_WRITTEN[policy])),
+             "plain": NNXCounter}
+  modules = {k: cls(nnx.Rngs(0, dropout=DROPOUT_KEY))
+             for k, cls in classes.items()}
+  outs = {k: m(X) for k, m in modules.items()}
+  grads = {k: nnx.grad(lambda m: jnp.sin(m(X)).sum())(m)
+           for k, m in modules.items()}
+  for k, m in modules.items():
+    # One trace per call, as nnx.remat: the update is seen after each call.
+    assert (m.calls, m.last_shape) == (2, X.shape), k
+  for k in ("nnx", "plain"):
+    assert_trees_close(outs["ours"], outs[k])
+    assert_trees_close(nnx.state(grads["ours"]), nnx.state(grads[k]))
+    # The dropout rng counter advanced as often.
+    assert_trees_close(nnx.state(modules["ours"]), nnx.state(modules[k]))
+  saved = [residuals(*nnx_losses(classes[k], train=True))
+           for k in ("ours", "nnx")]
+  assert saved[0] == saved[1] and named(saved[0]) == {"ffn.up"}
+
+
+# ---------------------------------------------------------------- NNX paths
+
+class NNXTwoBlocks(nnx.Module):
+  def __init__(self, block_cls, rngs):
+    self.blocks = nnx.List([block_cls(rngs) for _ in range(2)])
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = block(x)
+    return x
+
+
+def two_block_losses(how):
+  """Loss, params, rest of two NNX blocks made regions in one of three ways."""
+  rngs = nnx.Rngs(0, dropout=DROPOUT_KEY)
+  if how == "rules":
+    model = rt.remat_modules(NNXTwoBlocks(NNXBlock, rngs), {"NNXBlock": None},
+                             tag_outputs=False)
+  else:
+    model = NNXTwoBlocks(nnx_method_block(rt.remat), rngs)
+    if how == "named":
+      transform.name_nnx_modules(model)
+  model.eval()
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def loss(params, rest):
+    rest = jax.tree.map(lambda a: a, rest)  # as in nnx_losses
+    return jnp.sin(nnx.merge(graphdef, params, rest)(X)).sum()
+  return loss, params, rest
+
+
+def saved_activation_bytes(loss, *args):
+  return sum(int(np.prod(aval.shape)) * aval.dtype.itemsize
+             for aval, desc in compat.saved_residuals(loss, *args)
+             if not desc.startswith(("from the argument", "from a constant")))
+
+
+@pytest.mark.parametrize("how, blocks", [
+    ("named", ["blocks/0", "blocks/1"]), ("rules", ["blocks/0", "blocks/1"]),
+    # Without the model at hand a region names its module by its class.
+    ("unnamed", ["Block"])])
+def test_nnx_residuals_carry_module_paths(remat_mode, how, blocks):
+  loss, params, rest = two_block_losses(how)
+  with rt.use_policy("save-matmuls"):
+    report = rt.analyze(loss, params, rest, policy="save-matmuls")
+    assert report.activation_bytes == saved_activation_bytes(
+        loss, params, rest)
+    # Names are metadata: what is saved and the values are those of no names.
+    plain = two_block_losses("unnamed" if how != "unnamed" else "named")
+    assert residuals(loss, params, rest) == residuals(*plain)
+    assert_trees_close(grad_of(loss, params, rest), grad_of(*plain))
+  dots = {r.module_path for r in report.activations
+          if r.primitive == "dot_general" and r.name is None}
+  layers = {f"{b}/layers/{n}" for b in blocks
+            for n in ("q", "k", "v", "o", "up")}
+  assert layers <= dots, dots

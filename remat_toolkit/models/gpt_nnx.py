@@ -30,6 +30,7 @@ from remat_toolkit.grouping import remat_chain
 from remat_toolkit.models import common
 from remat_toolkit.models.configs import GPTConfig
 from remat_toolkit.tags import tag
+from remat_toolkit.transform import name_nnx_modules
 
 __all__ = ["NNXGPT", "NNXBlock", "NNXAttention", "NNXMLP", "reseed_dropout"]
 
@@ -149,6 +150,9 @@ class NNXGPT(nnx.Module):
     self.lm_head = (None if config.tie_embeddings else
                     _linear(config, config.d_model, config.vocab_size, rngs,
                             use_bias=False))
+    # NNX pushes no module scopes; this gives the analyzer linen's paths
+    # (``layers/0/attn/query`` like ``layers_0/attn/query``).
+    name_nnx_modules(self)
 
   def __call__(self, tokens: jax.Array, deterministic: bool = True
                ) -> jax.Array:
