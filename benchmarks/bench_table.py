@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parse_args(argv)
   set_scheduler_flag(args.default_scheduler)
   import _machine
+
   import remat_toolkit as rt
   from remat_toolkit import models
 

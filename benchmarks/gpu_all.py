@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   started = time.perf_counter()
   import _machine
+
   import remat_toolkit as rt
 
   settings = dict(SMOKE if args.smoke else FULL, smoke=args.smoke,

@@ -38,8 +38,10 @@ import _machine
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit.display import format_bytes, text_table
-from remat_toolkit.planner import DEFAULT_MAX_EVALUATIONS, Planner
+from remat_toolkit.display import format_bytes
+from remat_toolkit.display import text_table
+from remat_toolkit.planner import DEFAULT_MAX_EVALUATIONS
+from remat_toolkit.planner import Planner
 
 DEFAULT_MODELS = "tiny,tiny-swiglu,gpt2-small,gpt2-xl,llama-7b,seed-example"
 WHOLE = ({"save_everything": True}, {"matmuls": "all"}, {"matmuls": "no-batch"})

@@ -15,16 +15,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import jax
-from jax.extend import core as _ext_core
-from jax.extend import source_info_util as _ext_source_info
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
 from jax._src.interpreters import partial_eval as _pe
+from jax.extend import core as _ext_core
+from jax.extend import source_info_util as _ext_source_info
 
 try:  # remat3 runs through hijax's call primitive; older releases lack it.
   from jax._src.hijax import call_hi_primitive_p as _call_hi_primitive_p
@@ -36,7 +37,8 @@ __all__ = [
     "name_p", "remat_p", "close_jaxpr", "jaxpr_consts", "eval_jaxpr",
     "dce_jaxpr", "saved_residuals", "remat3_enabled", "remat3",
     "has_remat3_flag", "remat3_calls_policies", "remat3_offloads",
-    "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported", "offloading_refusal", "jax_policy", "policy_marker", "checkpoint_name_of",
+    "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported",
+    "offloading_refusal", "jax_policy", "policy_marker", "checkpoint_name_of",
     "is_remat", "is_scan", "scan_num_carry", "remat_policy_of", "remat_body_of", "with_remat",
     "bind_remat", "is_scope", "module_scopes", "drop_leading_scopes",
     "prefix_scopes", "eval_context", "user_source", "flax_lift_pack",
@@ -142,7 +144,7 @@ _CONSTRUCTORS = frozenset({
     "offload_dot_with_no_batch_dims"})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jax_policy(constructor: str, *args: Any) -> Any:
   """One of JAX's own checkpoint policies, the same object for equal args.
 
@@ -205,7 +207,7 @@ def _probe_saved(policy: Any) -> int:
   return len(_probe_residuals(policy))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def remat3_calls_policies() -> bool:
   """Whether ``jax_remat3`` calls an arbitrary policy function.
 
@@ -222,7 +224,7 @@ def remat3_calls_policies() -> bool:
         jax.checkpoint_policies.nothing_saveable)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def remat3_offloads() -> bool:
   """Whether ``jax_remat3`` honours offloading policies (moves to host).
 
@@ -242,7 +244,7 @@ def remat3_offloads() -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def remat3_everything_keeps_unnamed() -> bool:
   """Whether ``everything_saveable`` under ``jax_remat3`` keeps un-named values.
 

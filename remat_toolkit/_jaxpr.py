@@ -15,14 +15,18 @@ import importlib.util
 import os
 import re
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
 from remat_toolkit import _compat as compat
-from remat_toolkit._compat import Jaxpr, JaxprEqn, Literal, Var
+from remat_toolkit._compat import Jaxpr
+from remat_toolkit._compat import JaxprEqn
+from remat_toolkit._compat import Literal
+from remat_toolkit._compat import Var
 
 # ---------------------------------------------------------------- structure
 
@@ -399,7 +403,7 @@ def _common_scopes(body: Jaxpr) -> tuple[Any, ...]:
   if not stacks:
     return ()
   prefix = []
-  for items in zip(*stacks):
+  for items in zip(*stacks, strict=False):  # up to the shortest
     first = items[0]
     if not compat.is_scope(first) or any(it != first for it in items[1:]):
       break
@@ -568,7 +572,7 @@ def trace_difference(a: Any, b: Any) -> str | None:
   Compares :func:`canonical_lines` of both and names the first difference.
   """
   lines_a, lines_b = canonical_lines(a), canonical_lines(b)
-  for la, lb in zip(lines_a, lines_b):
+  for la, lb in zip(lines_a, lines_b, strict=False):
     if la != lb:
       return f"{_clip(la)!r} became {_clip(lb)!r}"
   if len(lines_a) != len(lines_b):

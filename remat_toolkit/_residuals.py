@@ -18,7 +18,9 @@ import numpy as np
 
 from remat_toolkit import _compat as compat
 from remat_toolkit import _jaxpr
-from remat_toolkit._compat import Jaxpr, JaxprEqn, Literal
+from remat_toolkit._compat import Jaxpr
+from remat_toolkit._compat import JaxprEqn
+from remat_toolkit._compat import Literal
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,10 @@ import json
 import os
 import warnings as _warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -38,8 +41,11 @@ from remat_toolkit import _jaxpr
 from remat_toolkit import _residuals
 from remat_toolkit import catalog
 from remat_toolkit import context
-from remat_toolkit.display import (format_bytes, format_flops, html_table,
-                                   text_table, warnings_html)
+from remat_toolkit.display import format_bytes
+from remat_toolkit.display import format_flops
+from remat_toolkit.display import html_table
+from remat_toolkit.display import text_table
+from remat_toolkit.display import warnings_html
 from remat_toolkit.policy import Policy
 
 __all__ = ["Residual", "ResidualReport", "analyze", "compare", "Comparison",
@@ -942,7 +948,7 @@ class Comparison:
                   textcoords="offset points")
     front = sorted((x, y) for r, x, y in zip(rows, xs, ys, strict=True) if r["pareto"])
     if front:
-      ax.plot(*zip(*front), color="tab:red", lw=1)
+      ax.plot(*zip(*front, strict=True), color="tab:red", lw=1)
     ax.set_xlabel("recompute FLOPs (% of a no-remat step)")
     ax.set_ylabel("activation memory kept (MiB)")
     ax.set_title("remat policies: memory vs recompute")

@@ -48,8 +48,12 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import TextIO
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +64,11 @@ from remat_toolkit import _compat as compat
 from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit import context
-from remat_toolkit.display import (format_bytes, html_table, parse_bytes,
-                                   text_table, warnings_html)
+from remat_toolkit.display import format_bytes
+from remat_toolkit.display import html_table
+from remat_toolkit.display import parse_bytes
+from remat_toolkit.display import text_table
+from remat_toolkit.display import warnings_html
 from remat_toolkit.policy import Policy
 
 __all__ = ["bench", "BenchRecord", "BenchResult", "largest_batch", "BatchFit",
@@ -339,7 +346,7 @@ def _materialise(tree: Any, seed: int) -> Any:
   leaves, treedef = jax.tree.flatten(tree)
   keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
   out = []
-  for key, leaf in zip(keys, leaves):
+  for key, leaf in zip(keys, leaves, strict=False):  # one key to spare if none
     if not isinstance(leaf, jax.ShapeDtypeStruct):
       out.append(leaf)
     elif jnp.issubdtype(leaf.dtype, jnp.floating):

@@ -35,8 +35,11 @@ import optax
 from remat_toolkit import analysis
 from remat_toolkit import catalog
 from remat_toolkit import context
-from remat_toolkit.analysis import TracedProgram, cpu_scheduler_setting
-from remat_toolkit.display import format_bytes, html_table, text_table
+from remat_toolkit.analysis import TracedProgram
+from remat_toolkit.analysis import cpu_scheduler_setting
+from remat_toolkit.display import format_bytes
+from remat_toolkit.display import html_table
+from remat_toolkit.display import text_table
 from remat_toolkit.policy import Policy
 
 __all__ = ["Breakdown", "memory_breakdown", "OPTIMIZERS", "resolve_optimizer"]

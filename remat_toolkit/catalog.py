@@ -22,7 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from remat_toolkit.policy import MATMUL_MODES, MEMORY_KINDS, Policy, normalize_name
+from remat_toolkit.policy import MATMUL_MODES
+from remat_toolkit.policy import MEMORY_KINDS
+from remat_toolkit.policy import Policy
+from remat_toolkit.policy import normalize_name
 
 __all__ = ["get_policy", "list_policies", "load_policies", "POLICY_PATH_ENV",
            "builtin_policy_dir"]

@@ -36,7 +36,8 @@ import os
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -508,8 +509,10 @@ def _int_list(text: str) -> list[int]:
 
 def _add_bench_parser(subparsers: Any) -> None:
   # ``remat_toolkit.bench`` is also the function's name: import from the module.
-  from remat_toolkit.bench import (DEFAULT_MODEL, DEFAULT_POLICIES,
-                                   DEFAULT_STEPS, DEFAULT_WARMUP)
+  from remat_toolkit.bench import DEFAULT_MODEL
+  from remat_toolkit.bench import DEFAULT_POLICIES
+  from remat_toolkit.bench import DEFAULT_STEPS
+  from remat_toolkit.bench import DEFAULT_WARMUP
   parser = _command_parser(
       subparsers, "bench",
       summary="Compile and run a training step (AdamW, jit, donated state) "
@@ -568,7 +571,8 @@ def _bench_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-  from remat_toolkit.bench import bench, largest_batch
+  from remat_toolkit.bench import bench
+  from remat_toolkit.bench import largest_batch
   policies = args.policy or None
   if policies and "all" in policies:
     policies = catalog.list_policies()

@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Union
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from typing import Any
 
 from remat_toolkit import catalog
 from remat_toolkit.policy import Policy
@@ -28,7 +30,7 @@ DEFAULT_POLICY = "boundary-only"
 
 #: What every ``policy=`` argument accepts: a name, a Policy, a raw JAX
 #: policy callable (passed through untouched), or None for the ambient one.
-PolicyLike = Union[str, Policy, Callable[..., Any], None]
+PolicyLike = str | Policy | Callable[..., Any] | None
 
 _ambient: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(
     "remat_toolkit_ambient_policy", default=None)

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
-
 
 from remat_toolkit.context import PolicyLike
 

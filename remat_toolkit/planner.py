@@ -63,16 +63,24 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from remat_toolkit import _compat as compat
 from remat_toolkit import analysis
 from remat_toolkit import catalog
-from remat_toolkit.analysis import ResidualReport, TracedProgram
-from remat_toolkit.display import (format_bytes, format_flops, html_table,
-                                   parse_bytes, text_table, warnings_html)
+from remat_toolkit.analysis import ResidualReport
+from remat_toolkit.analysis import TracedProgram
+from remat_toolkit.display import format_bytes
+from remat_toolkit.display import format_flops
+from remat_toolkit.display import html_table
+from remat_toolkit.display import parse_bytes
+from remat_toolkit.display import text_table
+from remat_toolkit.display import warnings_html
 from remat_toolkit.policy import Policy
 
 __all__ = ["plan", "Plan", "Planner", "frontier", "Frontier", "FrontierPoint",

@@ -18,8 +18,6 @@ import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
-import jax
-
 from remat_toolkit import _compat as compat
 from remat_toolkit import tags
 
@@ -181,7 +179,7 @@ class Policy:
     (ignoring case, as :meth:`expand` does)."""
     return any(_name_matches(name, p) for p in self.patterns)
 
-  def lowering(self, names: Iterable[str] | None = None) -> "Lowering":
+  def lowering(self, names: Iterable[str] | None = None) -> Lowering:
     """The JAX policy constructor call this policy lowers to, as data.
 
     Args:

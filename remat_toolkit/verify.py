@@ -39,7 +39,8 @@ import dataclasses
 import html
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -245,7 +246,7 @@ def random_inputs(leaves: Sequence[Any], seed: int = 0) -> list[Any]:
   """
   keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
   out = []
-  for key, leaf in zip(keys, leaves):
+  for key, leaf in zip(keys, leaves, strict=False):  # one key to spare if none
     if not isinstance(leaf, jax.ShapeDtypeStruct):
       out.append(leaf)
       continue

@@ -4,7 +4,6 @@
 JAX's own remat tests re-run their classes with ``jax_remat3`` on.
 """
 
-import os
 
 import jax
 import pytest

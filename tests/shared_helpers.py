@@ -8,7 +8,6 @@ import numpy as np
 
 from remat_toolkit import _compat as compat
 
-
 #: The running JAX's minor release ("0.10", "0.11", "0.12"): pins of JAX bugs
 #: and behaviours that no feature probe covers are stated per release.
 JAX_RELEASE = ".".join(jax.__version__.split(".")[:2])

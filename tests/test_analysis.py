@@ -1,17 +1,14 @@
 """The analyzer reports what JAX itself saves, with names, bytes and FLOPs."""
 
 import json
-import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import remat_toolkit as rt
 from remat_toolkit import _compat as compat
 from remat_toolkit import _residuals
-from remat_toolkit import analysis
 from remat_toolkit import context
 
 S = jax.ShapeDtypeStruct
@@ -239,7 +236,8 @@ def test_non_array_argument_is_rejected():
 
 
 @pytest.mark.parametrize("policy, error", [
-    (3, TypeError), ("save-atention", ValueError), (jax.checkpoint_policies.dots_saveable, TypeError)])
+    (3, TypeError), ("save-atention", ValueError),
+    (jax.checkpoint_policies.dots_saveable, TypeError)])
 def test_bad_policy_is_rejected(policy, error):
   with pytest.raises(error, match="policy"):
     rt.analyze(unrolled_loss, *UNROLLED_ARGS, policy=policy)
@@ -266,7 +264,7 @@ def test_pareto_marks_only_undominated_rows():
   cost = {n: (r["activation_bytes"], r["recompute_flops"], r["offloaded_bytes"])
           for n, r in rows.items()}
   for name, mine in cost.items():
-    dominated = any(all(o <= m for o, m in zip(other, mine)) and other != mine
+    dominated = any(all(o <= m for o, m in zip(other, mine, strict=True)) and other != mine
                     for other in cost.values())
     assert rows[name]["pareto"] == (not dominated), name
   # Offloading trades host transfers for device bytes: it must not hide

@@ -142,7 +142,8 @@ def test_display_and_json():
 # ------------------------------------------------------------------ CLI
 
 def test_cli_breakdown_prints_the_table_and_json(capsys):
-  from remat_toolkit import cli, models
+  from remat_toolkit import cli
+  from remat_toolkit import models
   assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamw"]) == 0
   text = capsys.readouterr().out
   assert text.startswith("model tiny")

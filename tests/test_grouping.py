@@ -151,7 +151,7 @@ def x_input():
   return jnp.linspace(-1.0, 1.0, 2 * WIDTH).reshape(2, WIDTH)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def chain_params():
   return Chain().init(jax.random.key(0), x_input())["params"]
 
@@ -418,7 +418,7 @@ class HandScanned(nn.Module):
     return stack(width=WIDTH, name="layers")(x, deterministic)[0]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scanned_params(group: Any, abstract: bool = False):
   def init():
     return Scanned(group=group).init(jax.random.key(0), x_input())["params"]

@@ -50,7 +50,7 @@ def expected_param_count(cfg: models.GPTConfig) -> int:
   return embed + cfg.num_layers * block + norm + head
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def real_loss(config="tiny", framework="linen", scan=False, group=1,
               remat=True, dropout=False):
   return models.build_loss(config, framework=framework, scan=scan, group=group,

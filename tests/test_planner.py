@@ -441,7 +441,8 @@ def test_frontier_plot_and_given_policies():
 # ------------------------------------------------------------------ CLI
 
 def test_cli_plan_json_save_and_errors(tmp_path, capsys, fresh_catalogue):
-  from remat_toolkit import cli, models
+  from remat_toolkit import cli
+  from remat_toolkit import models
   path = tmp_path / "p.toml"
   assert cli.main(["plan", "--model", "tiny", "--budget", "60KiB", "--json",
                    "--max-evaluations", "8", "--save", str(path)]) == 0

@@ -4,13 +4,15 @@ import dataclasses
 
 import jax
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
 from remat_toolkit import _compat as compat
 from remat_toolkit import catalog
-from remat_toolkit.policy import MATMUL_MODES, Lowering
+from remat_toolkit.policy import MATMUL_MODES
+from remat_toolkit.policy import Lowering
 
 cp = jax.checkpoint_policies
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from shared_helpers import cheap_init  # noqa: E402
 
 import remat_toolkit as rt
 from remat_toolkit import _compat as compat
@@ -30,8 +31,6 @@ from remat_toolkit import _jaxpr
 from remat_toolkit import _residuals
 from remat_toolkit import analysis
 from remat_toolkit import models
-
-from shared_helpers import cheap_init  # noqa: E402
 
 cp = jax.checkpoint_policies
 

@@ -46,7 +46,8 @@ POLICIES = sorted(HAND_WRITTEN)
 
 # ---------------------------------------------------------------- helpers
 
-from shared_helpers import cheap_init, residuals  # noqa: E402
+from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import residuals  # noqa: E402
 
 
 def assert_trees_close(a, b):

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import io_callback
+from shared_helpers import JAX_RELEASE
 
 import remat_toolkit as rt
-from shared_helpers import JAX_RELEASE
 from remat_toolkit import _compat as compat
 from remat_toolkit import _jaxpr
 from remat_toolkit import _residuals

@@ -156,7 +156,6 @@ class NNXGPT(nnx.Module):
 
   def __call__(self, tokens: jax.Array, deterministic: bool = True
                ) -> jax.Array:
-    cfg = self.config
     x = self.embed(tokens)
     if self.pos_embed is not None:
       x = x + self.pos_embed(jnp.arange(tokens.shape[1]))[None]
