@@ -686,7 +686,10 @@ class BenchResult:
     return headers, body
 
   def notes(self) -> list[str]:
-    """What the figures mean and how they were taken."""
+    """What the figures mean and how they were taken, then the warnings."""
+    return self._figure_notes() + [f"warning: {w}" for w in self.warnings]
+
+  def _figure_notes(self) -> list[str]:
     b = self.baseline
     out = [
         f"{self.model}; {b.global_batch} examples x "
@@ -714,7 +717,6 @@ class BenchResult:
             f"{cores} cores): step times are noisy.")
     for name, why in self.skipped.items():
       out.append(f"skipped {name}: {why}")
-    out.extend(f"warning: {w}" for w in self.warnings)
     return out
 
   def to_markdown(self) -> str:
@@ -732,9 +734,7 @@ class BenchResult:
 
   def _repr_html_(self) -> str:
     headers, body = self._table()
-    # notes() ends with the warnings, which are set apart here.
-    plain = self.notes()[:len(self.notes()) - len(self.warnings)]
-    notes = "".join(f"<p>{html.escape(n)}</p>" for n in plain)
+    notes = "".join(f"<p>{html.escape(n)}</p>" for n in self._figure_notes())
     return (html_table(headers, body, caption="Training step per policy")
             + notes + warnings_html(self.warnings))
 
