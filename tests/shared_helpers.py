@@ -5,6 +5,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from remat_toolkit import _compat as compat
 
@@ -38,3 +39,14 @@ def cheap_init(key, shape, dtype=jnp.float32):
       shape[0])
   scale = 1 + (jax.random.key_data(key)[-1] % 8).astype(dtype) / 8
   return (jnp.asarray(base, dtype) * scale).astype(dtype)
+
+
+class NNXMlp(nnx.Module):
+  """A two-layer NNX feed-forward block (``fc1``, ``fc2``) of width ``d``."""
+
+  def __init__(self, d, rngs):
+    self.fc1 = nnx.Linear(d, 2 * d, kernel_init=cheap_init, rngs=rngs)
+    self.fc2 = nnx.Linear(2 * d, d, kernel_init=cheap_init, rngs=rngs)
+
+  def __call__(self, x):
+    return self.fc2(nnx.gelu(self.fc1(x)))

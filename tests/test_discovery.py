@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import third_party_models as tp
 from flax import nnx
-from shared_helpers import cheap_init
+from shared_helpers import NNXMlp
 from shared_helpers import residuals
 
 import remat_toolkit as rt
@@ -176,18 +176,9 @@ def test_builtin_nnx_gpt():
           explicit_loss, params, TOKENS), policy
 
 
-class NNXMlp(nnx.Module):
-  def __init__(self, rngs):
-    self.fc1 = nnx.Linear(4, 8, kernel_init=cheap_init, rngs=rngs)
-    self.fc2 = nnx.Linear(8, 4, kernel_init=cheap_init, rngs=rngs)
-
-  def __call__(self, x):
-    return self.fc2(nnx.gelu(self.fc1(x)))
-
-
 class NNXStack(nnx.Module):
   def __init__(self, rngs):
-    self.blocks = nnx.List([NNXMlp(rngs) for _ in range(3)])
+    self.blocks = nnx.List([NNXMlp(4, rngs) for _ in range(3)])
 
   def __call__(self, x):
     for block in self.blocks:

@@ -40,6 +40,7 @@ POLICIES = sorted(HAND_WRITTEN)
 
 # ---------------------------------------------------------------- helpers
 
+from shared_helpers import NNXMlp  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
 from shared_helpers import residuals  # noqa: E402
 
@@ -239,15 +240,6 @@ def test_linen_unmatched_rule_lists_what_exists():
 
 # ---------------------------------------------------------------- NNX model
 
-class NNXMlp(nnx.Module):
-  def __init__(self, rngs):
-    self.fc1 = nnx.Linear(D, 2 * D, kernel_init=cheap_init, rngs=rngs)
-    self.fc2 = nnx.Linear(2 * D, D, kernel_init=cheap_init, rngs=rngs)
-
-  def __call__(self, x):
-    return self.fc2(nnx.gelu(self.fc1(x)))
-
-
 class NNXBlock(nnx.Module):
   def __init__(self, rngs):
     self.ln1 = nnx.LayerNorm(D, rngs=rngs)
@@ -255,7 +247,7 @@ class NNXBlock(nnx.Module):
         HEADS, D, decode=False, dropout_rate=0.5, kernel_init=cheap_init,
         rngs=rngs)
     self.ln2 = nnx.LayerNorm(D, rngs=rngs)
-    self.mlp = NNXMlp(rngs)
+    self.mlp = NNXMlp(D, rngs)
 
   def __call__(self, x):
     x = x + self.attn(self.ln1(x))

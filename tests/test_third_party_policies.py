@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from shared_helpers import NNXMlp  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
 
 import remat_toolkit as rt
@@ -306,22 +307,13 @@ def test_flax_linen_layers():
   check_bytes(loss(wrapped), (params,), names)
 
 
-class NNXMlp(nnx.Module):
-  def __init__(self, rngs):
-    self.fc1 = nnx.Linear(D, 2 * D, kernel_init=cheap_init, rngs=rngs)
-    self.fc2 = nnx.Linear(2 * D, D, kernel_init=cheap_init, rngs=rngs)
-
-  def __call__(self, x):
-    return self.fc2(nnx.gelu(self.fc1(x)))
-
-
 class NNXBlock(nnx.Module):
   def __init__(self, rngs):
     self.norm1 = nnx.LayerNorm(D, rngs=rngs)
     self.attention = nnx.MultiHeadAttention(
         HEADS, D, decode=False, kernel_init=cheap_init, rngs=rngs)
     self.norm2 = nnx.LayerNorm(D, rngs=rngs)
-    self.mlp = NNXMlp(rngs)
+    self.mlp = NNXMlp(D, rngs)
 
   def __call__(self, x):
     x = x + self.attention(self.norm1(x))
