@@ -1,85 +1,89 @@
 """remat-toolkit: choose, apply and inspect remat policies for JAX and Flax.
 
+The names here are the whole public surface, with two modules beside them:
+:mod:`remat_toolkit.results` (the classes results come back as) and
+:mod:`remat_toolkit.names` (the checkpoint-name vocabulary). Everything under
+``remat_toolkit._src`` is implementation and may change without notice.
+
 Example:
   >>> import remat_toolkit as rt
   >>> rt.get_policy("save-attention").matmuls
   'none'
 """
 
-from remat_toolkit.analysis import Comparison
-from remat_toolkit.analysis import Residual
-from remat_toolkit.analysis import ResidualReport
-from remat_toolkit.analysis import analyze
-from remat_toolkit.analysis import compare
-from remat_toolkit.bench import BatchFit
-from remat_toolkit.bench import BatchSearch
-from remat_toolkit.bench import BenchRecord
-from remat_toolkit.bench import BenchResult
-from remat_toolkit.bench import bench
-from remat_toolkit.bench import largest_batch
-from remat_toolkit.breakdown import Breakdown
-from remat_toolkit.breakdown import memory_breakdown
-from remat_toolkit.catalog import get_policy
-from remat_toolkit.catalog import list_policies
-from remat_toolkit.catalog import load_policies
-from remat_toolkit.catalog import register_policy
-from remat_toolkit.context import current_policy
-from remat_toolkit.context import use_policy
-from remat_toolkit.grouping import nnx_scan_layers
-from remat_toolkit.grouping import remat_chain
-from remat_toolkit.grouping import scan_layers
-from remat_toolkit.planner import Frontier
-from remat_toolkit.planner import Plan
-from remat_toolkit.planner import frontier
-from remat_toolkit.planner import plan
-from remat_toolkit.policy import Policy
-from remat_toolkit.rules import RematSummary
-from remat_toolkit.rules import remat_modules
-from remat_toolkit.rules import remat_summary
-from remat_toolkit.tags import MAXTEXT_NAMES
-from remat_toolkit.tags import VOCABULARY
-from remat_toolkit.tags import tag
-from remat_toolkit.transform import remat
-from remat_toolkit.verify import Verification
-from remat_toolkit.verify import verify
+import importlib as _importlib
+import warnings as _warnings
 
-__version__ = "0.1.0"
+from remat_toolkit._src.analysis import analyze
+from remat_toolkit._src.analysis import compare
+from remat_toolkit._src.bench import bench
+from remat_toolkit._src.bench import largest_batch
+from remat_toolkit._src.breakdown import memory_breakdown
+from remat_toolkit._src.catalog import get_policy
+from remat_toolkit._src.catalog import list_policies
+from remat_toolkit._src.catalog import load_policies
+from remat_toolkit._src.catalog import register_policy
+from remat_toolkit._src.context import current_policy
+from remat_toolkit._src.context import use_policy
+from remat_toolkit._src.grouping import nnx_scan_layers
+from remat_toolkit._src.grouping import remat_chain
+from remat_toolkit._src.grouping import scan_layers
+from remat_toolkit._src.planner import frontier
+from remat_toolkit._src.planner import plan
+from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.rules import remat_modules
+from remat_toolkit._src.rules import remat_summary
+from remat_toolkit._src.tags import tag
+from remat_toolkit._src.transform import remat
+from remat_toolkit._src.verify import verify
+
+__version__ = "0.2.0"
 
 __all__ = [
-    "Comparison",
-    "Residual",
-    "ResidualReport",
-    "analyze",
-    "compare",
-    "BatchFit",
-    "BatchSearch",
-    "BenchRecord",
-    "BenchResult",
-    "bench",
-    "largest_batch",
-    "Breakdown",
-    "memory_breakdown",
-    "Frontier",
-    "Plan",
-    "frontier",
-    "plan",
-    "MAXTEXT_NAMES",
+    # policies
     "Policy",
-    "VOCABULARY",
-    "current_policy",
     "get_policy",
     "list_policies",
     "load_policies",
-    "nnx_scan_layers",
     "register_policy",
+    "tag",
+    "use_policy",
+    "current_policy",
+    # applying them
     "remat",
     "remat_modules",
     "remat_summary",
-    "RematSummary",
     "remat_chain",
     "scan_layers",
-    "tag",
-    "use_policy",
-    "Verification",
+    "nnx_scan_layers",
+    # inspecting them
+    "analyze",
+    "compare",
+    "memory_breakdown",
+    "plan",
+    "frontier",
     "verify",
+    "bench",
+    "largest_batch",
 ]
+
+# Names that were top-level in 0.1 and now live in a module of their own.
+_MOVED = {
+    "Comparison": "results", "Residual": "results", "ResidualReport": "results",
+    "BatchFit": "results", "BatchSearch": "results", "BenchRecord": "results",
+    "BenchResult": "results", "Breakdown": "results", "Frontier": "results",
+    "Plan": "results", "RematSummary": "results", "Verification": "results",
+    "MAXTEXT_NAMES": "names", "VOCABULARY": "names",
+}
+
+
+def __getattr__(name: str):
+  if name in _MOVED:
+    module = f"remat_toolkit.{_MOVED[name]}"
+    _warnings.warn(f"remat_toolkit.{name} moved to {module}.{name}; import it "
+                   "from there.", DeprecationWarning, stacklevel=2)
+    return getattr(_importlib.import_module(module), name)
+  raise AttributeError(f"module 'remat_toolkit' has no attribute {name!r}")
+
+from remat_toolkit import names  # noqa: E402  (public module, after the names)
+from remat_toolkit import results  # noqa: E402

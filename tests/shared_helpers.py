@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from remat_toolkit import _compat as compat
+from remat_toolkit._src import compat as compat
 
 #: The running JAX's minor release ("0.10", "0.11", "0.12"): pins of JAX bugs
 #: and behaviours that no feature probe covers are stated per release.

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _residuals
-from remat_toolkit import context
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import context
 
 S = jax.ShapeDtypeStruct
 D, H, B, L = 16, 64, 8, 3

@@ -11,11 +11,11 @@ from unittest import mock
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import _residuals
-from remat_toolkit import analysis
-from remat_toolkit import cli
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import analysis
+from remat_toolkit._src import cli
 from remat_toolkit import models
 
 MIB = 2**20

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import catalog
-from remat_toolkit import cli
+from remat_toolkit._src import catalog
+from remat_toolkit._src import cli
 from remat_toolkit import models
 
 S = jax.ShapeDtypeStruct
@@ -254,7 +254,7 @@ CASES = [
 
 
 def _under_remat3(call):
-  from remat_toolkit import _compat as compat
+  from remat_toolkit._src import compat as compat
   if compat.remat3_offloads():
     pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
   with compat.remat3(True):

@@ -17,13 +17,13 @@ import optax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import cli
-from remat_toolkit.bench import _search
-from remat_toolkit.bench import make_train_step
-from remat_toolkit.bench import step_memory
+from remat_toolkit._src import cli
+from remat_toolkit._src.bench import _search
+from remat_toolkit._src.bench import make_train_step
+from remat_toolkit._src.bench import step_memory
 
 # ``rt.bench`` is the function; the module is reached through importlib.
-bench_module = importlib.import_module("remat_toolkit.bench")
+bench_module = importlib.import_module("remat_toolkit._src.bench")
 
 LAYERS, WIDTH = 4, 16
 RECORD_FIELDS = {"policy", "step_time_s", "tokens_per_s", "peak_bytes",

@@ -8,9 +8,9 @@ import optax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _residuals
-from remat_toolkit import context
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import context
 
 S = jax.ShapeDtypeStruct
 D, H = 16, 64
@@ -142,7 +142,7 @@ def test_display_and_json():
 # ------------------------------------------------------------------ CLI
 
 def test_cli_breakdown_prints_the_table_and_json(capsys):
-  from remat_toolkit import cli
+  from remat_toolkit._src import cli
   from remat_toolkit import models
   assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamw"]) == 0
   text = capsys.readouterr().out
@@ -158,6 +158,6 @@ def test_cli_breakdown_prints_the_table_and_json(capsys):
 
 
 def test_cli_breakdown_rejects_unknown_optimizer(capsys):
-  from remat_toolkit import cli
+  from remat_toolkit._src import cli
   assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamx"]) == 2
   assert "adamx" in capsys.readouterr().err

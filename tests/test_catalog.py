@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import catalog
+from remat_toolkit._src import catalog
 
 
 def _lookups():

@@ -3,7 +3,7 @@
 The package detects what a release can do (``_compat``); this file states,
 for each supported release, what that detection must find and what JAX then
 does. When a JAX release changes one of these facts, this file fails first
-and ``remat_toolkit/_compat.py`` is the one module to adapt.
+and ``remat_toolkit/_src/compat.py`` is the one module to adapt.
 """
 
 import re
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 
@@ -343,10 +343,10 @@ _PRIVATE = re.compile(r"jax\._src|from flax\.core import lift|flax\.core\.lift\b
 
 def test_only_the_compat_layer_touches_jax_and_flax_internals():
   import pathlib
-  package = pathlib.Path(compat.__file__).parent
+  package = pathlib.Path(compat.__file__).parent.parent
   offenders = []
   for path in sorted(package.rglob("*.py")):
-    if path.name == "_compat.py":
+    if path.relative_to(package).as_posix() == "_src/compat.py":
       continue
     for number, line in enumerate(path.read_text().splitlines(), 1):
       code = line.split("#")[0]

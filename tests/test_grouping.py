@@ -19,10 +19,10 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import _residuals
-from remat_toolkit.grouping import group_size
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src.grouping import group_size
 
 CP = jax.checkpoint_policies
 WIDTH = 8

@@ -14,12 +14,12 @@ import jax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import _residuals
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import residuals as _residuals
 from remat_toolkit import models
 
-verify_module = importlib.import_module("remat_toolkit.verify")
+verify_module = importlib.import_module("remat_toolkit._src.verify")
 
 #: Each offloading policy and the policy that keeps the same tensors on device.
 SAVING_TWIN = {

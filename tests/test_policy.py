@@ -9,10 +9,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import catalog
-from remat_toolkit.policy import MATMUL_MODES
-from remat_toolkit.policy import Lowering
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import catalog
+from remat_toolkit._src.policy import MATMUL_MODES
+from remat_toolkit._src.policy import Lowering
 
 cp = jax.checkpoint_policies
 

@@ -25,12 +25,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _residuals
-from remat_toolkit import analysis
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import analysis
 from remat_toolkit import models
 
-verify_module = importlib.import_module("remat_toolkit.verify")
+verify_module = importlib.import_module("remat_toolkit._src.verify")
 
 _SETTINGS = dict(deadline=None, database=None, print_blob=True,
                  suppress_health_check=[HealthCheck.too_slow])

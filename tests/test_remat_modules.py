@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 D, HEADS = 8, 2
@@ -385,7 +385,7 @@ import json
 import jax, jax.numpy as jnp
 import flax.linen as nn
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
+from remat_toolkit._src import compat as compat
 
 class Block(nn.Module):
   @nn.compact

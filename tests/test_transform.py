@@ -16,11 +16,11 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import context
-from remat_toolkit import transform
-from remat_toolkit.transform import remat_region
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import context
+from remat_toolkit._src import transform
+from remat_toolkit._src.transform import remat_region
 
 cp = jax.checkpoint_policies
 D = 8

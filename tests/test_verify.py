@@ -20,13 +20,13 @@ from jax.experimental import io_callback
 from shared_helpers import JAX_RELEASE
 
 import remat_toolkit as rt
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import _residuals
-from remat_toolkit import cli
-from remat_toolkit import context
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import cli
+from remat_toolkit._src import context
 
-verify_module = importlib.import_module("remat_toolkit.verify")
+verify_module = importlib.import_module("remat_toolkit._src.verify")
 cp = jax.checkpoint_policies
 S = jax.ShapeDtypeStruct
 W = jnp.linspace(-0.5, 0.5, 64, dtype=jnp.float32).reshape(8, 8)
@@ -454,7 +454,7 @@ def test_trace_difference_compares_captured_constants():
 
 
 def test_residual_origins_carry_the_step_variable_holding_each(remat_mode):
-  program = importlib.import_module("remat_toolkit.analysis").TracedProgram(
+  program = importlib.import_module("remat_toolkit._src.analysis").TracedProgram(
       loss, (W, X))
   for name in ("boundary-only", "save-ffn", "save-everything"):
     step = program.step(rt.get_policy(name))
@@ -482,7 +482,7 @@ def test_jax_reads_the_remat3_flag_from_the_environment(value, expected):
   env = {**os.environ, "JAX_REMAT3": value, "JAX_PLATFORMS": "cpu"}
   done = subprocess.run(
       [sys.executable, "-c",
-       "from remat_toolkit import _compat as c; print(c.remat3_enabled())"],
+       "from remat_toolkit._src import compat as c; print(c.remat3_enabled())"],
       env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == str(expected)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import analysis
-from remat_toolkit import cli
+from remat_toolkit._src import analysis
+from remat_toolkit._src import cli
 
 S = jax.ShapeDtypeStruct
 W = S((4, 4), jnp.float32)

@@ -53,7 +53,7 @@ def test_wheel_declares_the_console_script(wheel):
     entry_points = next(n for n in zf.namelist()
                         if n.endswith(".dist-info/entry_points.txt"))
     text = zf.read(entry_points).decode()
-  assert "remat-toolkit = remat_toolkit.cli:main" in text
+  assert "remat-toolkit = remat_toolkit._src.cli:main" in text
 
 
 def test_installed_wheel_finds_its_policies(wheel, tmp_path):
@@ -61,7 +61,7 @@ def test_installed_wheel_finds_its_policies(wheel, tmp_path):
   with zipfile.ZipFile(wheel) as zf:
     zf.extractall(site)
   script = (
-      "import json, remat_toolkit as rt; from remat_toolkit import catalog; "
+      "import json, remat_toolkit as rt; from remat_toolkit._src import catalog; "
       "print(json.dumps([rt.__file__, str(catalog.builtin_policy_dir()), "
       "rt.list_policies()]))")
   # cwd outside the checkout, so the wheel's copy is the one imported.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from remat_toolkit.tags import tag
+from remat_toolkit._src.tags import tag
 
 __all__ = ["attention_core", "rotary", "next_token_loss", "split_heads",
            "ffn_activation", "INIT_STDDEV"]

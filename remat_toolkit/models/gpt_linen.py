@@ -22,12 +22,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from remat_toolkit.grouping import group_size
-from remat_toolkit.grouping import remat_chain
-from remat_toolkit.grouping import scan_layers
+from remat_toolkit._src.grouping import group_size
+from remat_toolkit._src.grouping import remat_chain
+from remat_toolkit._src.grouping import scan_layers
 from remat_toolkit.models import common
 from remat_toolkit.models.configs import GPTConfig
-from remat_toolkit.tags import tag
+from remat_toolkit._src.tags import tag
 
 __all__ = ["GPT", "Block", "Attention", "MLP", "make_norm"]
 
@@ -149,7 +149,7 @@ class GPT(nn.Module):
     if cfg.remat and size == 1:
       # One region per block, lifted on the block class itself: module
       # paths stay ``layers_3/attn``.
-      from remat_toolkit.transform import remat
+      from remat_toolkit._src.transform import remat
       block_cls = remat(Block, cfg.remat_policy)
     else:
       block_cls = Block

@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from remat_toolkit.grouping import nnx_scan_layers
-from remat_toolkit.grouping import remat_chain
+from remat_toolkit._src.grouping import nnx_scan_layers
+from remat_toolkit._src.grouping import remat_chain
 from remat_toolkit.models import common
 from remat_toolkit.models.configs import GPTConfig
-from remat_toolkit.tags import tag
-from remat_toolkit.transform import name_nnx_modules
+from remat_toolkit._src.tags import tag
+from remat_toolkit._src.transform import name_nnx_modules
 
 __all__ = ["NNXGPT", "NNXBlock", "NNXAttention", "NNXMLP", "reseed_dropout"]
 

@@ -32,15 +32,15 @@ import jax
 import numpy as np
 import optax
 
-from remat_toolkit import analysis
-from remat_toolkit import catalog
-from remat_toolkit import context
-from remat_toolkit.analysis import TracedProgram
-from remat_toolkit.analysis import cpu_scheduler_setting
-from remat_toolkit.display import format_bytes
-from remat_toolkit.display import html_table
-from remat_toolkit.display import text_table
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import analysis
+from remat_toolkit._src import catalog
+from remat_toolkit._src import context
+from remat_toolkit._src.analysis import TracedProgram
+from remat_toolkit._src.analysis import cpu_scheduler_setting
+from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.format import html_table
+from remat_toolkit._src.format import text_table
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["Breakdown", "memory_breakdown", "OPTIMIZERS", "resolve_optimizer"]
 
@@ -130,7 +130,7 @@ class Breakdown:
       ``policy`` (only with ``compile=True``).
     xla_note: the backend (and CPU scheduler) that figure was taken with.
     warnings: why the activations may not be the policy's own (see
-      :func:`remat_toolkit.analysis.policy_warnings`).
+      :func:`remat_toolkit._src.analysis.policy_warnings`).
   """
 
   param_bytes: int

@@ -3,7 +3,7 @@
 Every read of a traced program goes through :func:`walk` (each equation,
 nested jaxprs included) and every change through :func:`rewrite` (a copy
 with some equations replaced or inlined, shared bodies rewritten once). JAX
-specifics come from :mod:`remat_toolkit._compat`.
+specifics come from :mod:`remat_toolkit._src.compat`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_toolkit import _compat as compat
-from remat_toolkit._compat import Jaxpr
-from remat_toolkit._compat import JaxprEqn
-from remat_toolkit._compat import Literal
-from remat_toolkit._compat import Var
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src.compat import Jaxpr
+from remat_toolkit._src.compat import JaxprEqn
+from remat_toolkit._src.compat import Literal
+from remat_toolkit._src.compat import Var
 
 # ---------------------------------------------------------------- structure
 

@@ -12,7 +12,7 @@ freedom to reshard internal values.
 
 Example:
   >>> import jax, jax.numpy as jnp
-  >>> from remat_toolkit import sharding
+  >>> from remat_toolkit._src import sharding
   >>> sharding.device_count([jax.ShapeDtypeStruct((4,), jnp.float32)])
   1
   >>> sharding.shard_nbytes((8, 4), "float32", None)
@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from remat_toolkit import _residuals
+from remat_toolkit._src import residuals as _residuals
 
 __all__ = ["device_count", "per_device_activation_bytes", "shard_nbytes"]
 

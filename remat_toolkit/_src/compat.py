@@ -38,7 +38,8 @@ __all__ = [
     "dce_jaxpr", "saved_residuals", "remat3_enabled", "remat3",
     "has_remat3_flag", "remat3_calls_policies", "remat3_offloads",
     "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported",
-    "offloading_refusal", "jax_policy", "policy_marker", "checkpoint_name_of",
+    "offloading_refusal", "jax_policy_offloads",
+    "jax_policy", "policy_marker", "checkpoint_name_of",
     "is_remat", "is_scan", "scan_num_carry", "remat_policy_of", "remat_body_of", "with_remat",
     "bind_remat", "is_scope", "module_scopes", "drop_leading_scopes",
     "prefix_scopes", "eval_context", "user_source", "flax_lift_pack",
@@ -264,6 +265,16 @@ def offloading_unsupported() -> bool:
   True while ``jax_remat3`` is on and this JAX's remat3 ignores offloading.
   """
   return remat3_enabled() and not remat3_offloads()
+
+
+def jax_policy_offloads(policy: Any) -> bool:
+  """Whether a policy of JAX's own moves residuals to host memory.
+
+  Known from the constructor it came from: a class up to jax 0.11, a
+  closure named after its constructor from 0.12.
+  """
+  names = (type(policy).__name__, getattr(policy, "__qualname__", "") or "")
+  return any("offload" in n.lower() for n in names)
 
 
 def offloading_refusal() -> str:

@@ -70,18 +70,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import analysis
-from remat_toolkit import catalog
-from remat_toolkit.analysis import ResidualReport
-from remat_toolkit.analysis import TracedProgram
-from remat_toolkit.display import format_bytes
-from remat_toolkit.display import format_flops
-from remat_toolkit.display import html_table
-from remat_toolkit.display import parse_bytes
-from remat_toolkit.display import text_table
-from remat_toolkit.display import warnings_html
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import analysis
+from remat_toolkit._src import catalog
+from remat_toolkit._src.analysis import ResidualReport
+from remat_toolkit._src.analysis import TracedProgram
+from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.format import format_flops
+from remat_toolkit._src.format import html_table
+from remat_toolkit._src.format import parse_bytes
+from remat_toolkit._src.format import text_table
+from remat_toolkit._src.format import warnings_html
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["plan", "Plan", "Planner", "frontier", "Frontier", "FrontierPoint",
            "NamedFit", "GroupEstimate", "DEFAULT_HOST_BANDWIDTH",
@@ -714,7 +714,7 @@ class Planner:
   Example:
     >>> import jax, jax.numpy as jnp
     >>> import remat_toolkit as rt
-    >>> from remat_toolkit.planner import Planner
+    >>> from remat_toolkit._src.planner import Planner
     >>> @rt.remat
     ... def block(w, x):
     ...   return jnp.tanh(rt.tag(x @ w, "ffn.up")) @ w.T

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-from remat_toolkit.context import PolicyLike
+from remat_toolkit._src.context import PolicyLike
 
 __all__ = ["remat_chain", "scan_layers", "nnx_scan_layers", "group_size"]
 
@@ -70,7 +70,7 @@ def group_size(group: GroupLike, num_layers: int, *, exact: bool = False
       divide ``num_layers``.
 
   Example:
-    >>> from remat_toolkit.grouping import group_size
+    >>> from remat_toolkit._src.grouping import group_size
     >>> group_size("sqrt", 12), group_size("sqrt", 13), group_size(2, 4)
     (3, 4, 2)
   """
@@ -167,7 +167,7 @@ def _linen_owner(chunk: Sequence[Any]) -> Any:
 def _chunk_region(chunk: tuple[Any, ...], kind: str, index: int,
                   policy: PolicyLike, prevent_cse: bool, where: str
                   ) -> Callable[..., Any]:
-  from remat_toolkit.transform import remat_region
+  from remat_toolkit._src.transform import remat_region
 
   if kind == "linen":
     def linen_group(owner, layers, x, **kwargs):
@@ -349,7 +349,7 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
   if size > 1:
     region = _linen_scan(region, size)
   if remat:
-    from remat_toolkit.transform import remat as rt_remat
+    from remat_toolkit._src.transform import remat as rt_remat
     region = rt_remat(region, policy, prevent_cse=False)
   scanned = _linen_scan(region, length // size)
 
@@ -462,7 +462,7 @@ def nnx_scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
   spec = _NNXScanSpec(block_cls=block_cls, length=length, size=size,
                       policy=policy, remat=bool(remat))
   if remat and policy is not None:
-    from remat_toolkit import context
+    from remat_toolkit._src import context
     context.resolve(policy)  # an unknown name fails now, not at trace time
   return _make_nnx_stack_class(spec)
 
@@ -490,7 +490,7 @@ def _make_nnx_stack_class(spec: _NNXScanSpec) -> type:
 
 def _nnx_scan_call(spec: _NNXScanSpec, blocks: Any, x: Any,
                    args: tuple[Any, ...]) -> Any:
-  from remat_toolkit.transform import remat_region
+  from remat_toolkit._src.transform import remat_region
 
   def one_block(block, carry):
     return block(carry, *args)

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from collections.abc import Iterator
 from typing import Any
 
-from remat_toolkit import catalog
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import catalog
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["use_policy", "current_policy", "region_policy", "DEFAULT_POLICY",
            "PolicyLike"]

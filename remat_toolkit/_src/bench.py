@@ -60,16 +60,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import analysis
-from remat_toolkit import catalog
-from remat_toolkit import context
-from remat_toolkit.display import format_bytes
-from remat_toolkit.display import html_table
-from remat_toolkit.display import parse_bytes
-from remat_toolkit.display import text_table
-from remat_toolkit.display import warnings_html
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import analysis
+from remat_toolkit._src import catalog
+from remat_toolkit._src import context
+from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.format import html_table
+from remat_toolkit._src.format import parse_bytes
+from remat_toolkit._src.format import text_table
+from remat_toolkit._src.format import warnings_html
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["bench", "BenchRecord", "BenchResult", "largest_batch", "BatchFit",
            "BatchSearch", "make_train_step", "step_memory", "DEFAULT_MODEL",
@@ -704,7 +704,7 @@ class BenchResult:
         "policy's run, so it is not its own).",
     ]
     if self.backend == "cpu":
-      from remat_toolkit.analysis import cpu_scheduler_setting
+      from remat_toolkit._src.analysis import cpu_scheduler_setting
       out.append(
           "CPU figures: step times are XLA:CPU's and do not predict an "
           "accelerator's. XLA:CPU's compiled memory follows the policy "
@@ -1174,7 +1174,7 @@ class BatchSearch:
              f"{self.max_batch}; {self.backend}; "
              f"XLA_FLAGS={self.xla_flags or '(unset)'}."]
     if self.backend == "cpu":
-      from remat_toolkit.analysis import cpu_scheduler_setting
+      from remat_toolkit._src.analysis import cpu_scheduler_setting
       lines.append("XLA:CPU scheduler: " + cpu_scheduler_setting() + ".")
     lines += [f"skipped {n}: {why}" for n, why in self.skipped.items()]
     return "\n".join(lines)

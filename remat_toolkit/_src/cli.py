@@ -20,7 +20,7 @@ line to stderr and exits with status 2, without a traceback.
 
 Example:
   >>> import contextlib, io
-  >>> from remat_toolkit import cli
+  >>> from remat_toolkit._src import cli
   >>> with contextlib.redirect_stdout(io.StringIO()) as out:
   ...   status = cli.main(["show", "minimal"])
   >>> status, out.getvalue().splitlines()[0]
@@ -43,10 +43,10 @@ from typing import Any
 
 import jax
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import catalog
-from remat_toolkit import tags
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import catalog
+from remat_toolkit._src import tags
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["main", "build_parser"]
 
@@ -434,7 +434,7 @@ def _add_compare_parser(subparsers: Any) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-  from remat_toolkit import analysis
+  from remat_toolkit._src import analysis
   loss_fn, loss_args = _load_model(args)
   comparison = analysis.compare(loss_fn, *loss_args,
                                 policies=args.policy or None,
@@ -480,7 +480,7 @@ def _add_analyze_parser(subparsers: Any) -> None:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-  from remat_toolkit import analysis
+  from remat_toolkit._src import analysis
   loss_fn, loss_args = _load_model(args)
   report = analysis.analyze(loss_fn, *loss_args, policy=args.policy,
                             compile=args.compile)
@@ -508,11 +508,11 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_bench_parser(subparsers: Any) -> None:
-  # ``remat_toolkit.bench`` is also the function's name: import from the module.
-  from remat_toolkit.bench import DEFAULT_MODEL
-  from remat_toolkit.bench import DEFAULT_POLICIES
-  from remat_toolkit.bench import DEFAULT_STEPS
-  from remat_toolkit.bench import DEFAULT_WARMUP
+  # ``remat_toolkit._src.bench`` is also the function's name: import from the module.
+  from remat_toolkit._src.bench import DEFAULT_MODEL
+  from remat_toolkit._src.bench import DEFAULT_POLICIES
+  from remat_toolkit._src.bench import DEFAULT_STEPS
+  from remat_toolkit._src.bench import DEFAULT_WARMUP
   parser = _command_parser(
       subparsers, "bench",
       summary="Compile and run a training step (AdamW, jit, donated state) "
@@ -571,8 +571,8 @@ def _bench_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-  from remat_toolkit.bench import bench
-  from remat_toolkit.bench import largest_batch
+  from remat_toolkit._src.bench import bench
+  from remat_toolkit._src.bench import largest_batch
   policies = args.policy or None
   if policies and "all" in policies:
     policies = catalog.list_policies()
@@ -657,7 +657,7 @@ def _plan_groups(args: argparse.Namespace) -> dict[str, Any]:
         "--group-sizes needs a built-in --model config; for your own model "
         "call remat_toolkit.plan(..., groups=...) from Python.")
   from remat_toolkit import models
-  from remat_toolkit.grouping import group_size
+  from remat_toolkit._src.grouping import group_size
   config = models.get_config(args.model)
   current = args.group or config.remat_group
 
@@ -678,7 +678,7 @@ def _plan_groups(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-  from remat_toolkit import planner
+  from remat_toolkit._src import planner
   loss_fn, loss_args = _load_model(args)
   options: dict[str, Any] = dict(allow_offload=args.allow_offload,
                                  host_budget=args.host_budget)
@@ -703,7 +703,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- breakdown
 
 def _add_breakdown_parser(subparsers: Any) -> None:
-  from remat_toolkit.breakdown import OPTIMIZERS
+  from remat_toolkit._src.breakdown import OPTIMIZERS
   parser = _command_parser(
       subparsers, "breakdown",
       summary="Where a training step's memory goes (parameters, gradients, "
@@ -721,7 +721,7 @@ def _add_breakdown_parser(subparsers: Any) -> None:
 
 
 def _cmd_breakdown(args: argparse.Namespace) -> int:
-  from remat_toolkit.breakdown import memory_breakdown
+  from remat_toolkit._src.breakdown import memory_breakdown
   loss_fn, loss_args = _load_model(args)
   result = memory_breakdown(loss_fn, *loss_args, optimizer=args.optimizer,
                             policy=args.policy, compile=args.compile)
@@ -762,7 +762,7 @@ def _add_verify_parser(subparsers: Any) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-  from remat_toolkit.verify import verify
+  from remat_toolkit._src.verify import verify
   policy = _resolve(args.policy)[0] if args.policy is not None else None
   loss_fn, loss_args = _load_model(args)
   result = verify(loss_fn, *loss_args, policy=policy, rtol=args.rtol,
@@ -819,7 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
   except SystemExit as e:  # argparse printed the usage error or --help.
     return e.code if isinstance(e.code, int) else 2
-  from remat_toolkit import analysis
+  from remat_toolkit._src import analysis
   try:
     _load_user_policies(args.policies)
     # Every result prints its warnings with it (JSON included); raised as

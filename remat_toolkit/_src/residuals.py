@@ -16,11 +16,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit._compat import Jaxpr
-from remat_toolkit._compat import JaxprEqn
-from remat_toolkit._compat import Literal
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src.compat import Jaxpr
+from remat_toolkit._src.compat import JaxprEqn
+from remat_toolkit._src.compat import Literal
 
 
 @dataclasses.dataclass(frozen=True)

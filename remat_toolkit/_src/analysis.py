@@ -36,17 +36,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import _residuals
-from remat_toolkit import catalog
-from remat_toolkit import context
-from remat_toolkit.display import format_bytes
-from remat_toolkit.display import format_flops
-from remat_toolkit.display import html_table
-from remat_toolkit.display import text_table
-from remat_toolkit.display import warnings_html
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import catalog
+from remat_toolkit._src import context
+from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.format import format_flops
+from remat_toolkit._src.format import html_table
+from remat_toolkit._src.format import text_table
+from remat_toolkit._src.format import warnings_html
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["Residual", "ResidualReport", "analyze", "compare", "Comparison",
            "TracedProgram", "policy_warnings", "quiet_warnings"]
@@ -547,7 +547,7 @@ def _path_from_label(label: str) -> str:
 def _per_device(residuals, leaves, step) -> tuple[int, int | None]:
   # The residuals' shardings are read from the traced step compiled with the
   # arguments' shardings (see sharding.py); unsharded programs skip that.
-  from remat_toolkit import sharding as _sharding
+  from remat_toolkit._src import sharding as _sharding
   return _sharding.per_device_activation_bytes(residuals, leaves, step)
 
 

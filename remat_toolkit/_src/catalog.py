@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from remat_toolkit.policy import MATMUL_MODES
-from remat_toolkit.policy import MEMORY_KINDS
-from remat_toolkit.policy import Policy
-from remat_toolkit.policy import normalize_name
+from remat_toolkit._src.policy import MATMUL_MODES
+from remat_toolkit._src.policy import MEMORY_KINDS
+from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.policy import normalize_name
 
 __all__ = ["get_policy", "list_policies", "load_policies", "POLICY_PATH_ENV",
            "builtin_policy_dir"]
@@ -52,11 +52,11 @@ _TYPES: dict[str, type] = {
 
 def builtin_policy_dir() -> Path:
   """Folder of the built-in policy files (wheel or source checkout)."""
-  here = Path(__file__).resolve().parent
-  installed = here / "_builtin_policies"
+  package = Path(__file__).resolve().parent.parent
+  installed = package / "_builtin_policies"
   if installed.is_dir():
     return installed
-  return here.parent / "policies"
+  return package.parent / "policies"
 
 
 class _Registry:

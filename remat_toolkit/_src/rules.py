@@ -45,9 +45,9 @@ from typing import Any
 
 import jax
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import tags
-from remat_toolkit import transform
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import tags
+from remat_toolkit._src import transform
 
 __all__ = ["RematSummary", "remat_modules", "remat_summary"]
 

@@ -39,11 +39,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import context
-from remat_toolkit import tags
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import context
+from remat_toolkit._src import tags
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["remat", "remat_region"]
 
@@ -571,7 +571,7 @@ def remat_region(fn: Callable[..., Any], *, policy: Any = None,
   Example:
     >>> import jax, jax.numpy as jnp
     >>> import remat_toolkit as rt
-    >>> from remat_toolkit.transform import remat_region
+    >>> from remat_toolkit._src.transform import remat_region
     >>> g = remat_region(lambda x: jnp.sin(jnp.sin(x)), policy="boundary-only")
     >>> float(jax.grad(g)(0.0))
     1.0

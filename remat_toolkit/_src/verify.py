@@ -47,13 +47,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import _jaxpr
-from remat_toolkit import analysis
-from remat_toolkit import catalog
-from remat_toolkit import context
-from remat_toolkit import transform
-from remat_toolkit.policy import Policy
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import analysis
+from remat_toolkit._src import catalog
+from remat_toolkit._src import context
+from remat_toolkit._src import transform
+from remat_toolkit._src.policy import Policy
 
 __all__ = ["Verification", "verify", "default_tolerances", "random_inputs"]
 
@@ -239,7 +239,7 @@ def random_inputs(leaves: Sequence[Any], seed: int = 0) -> list[Any]:
 
   Example:
     >>> import jax, jax.numpy as jnp
-    >>> from remat_toolkit.verify import random_inputs
+    >>> from remat_toolkit._src.verify import random_inputs
     >>> x, = random_inputs([jax.ShapeDtypeStruct((4, 3), jnp.float32)])
     >>> x.shape, x.dtype
     ((4, 3), dtype('float32'))
@@ -280,7 +280,7 @@ def default_tolerances(dtypes: Sequence[Any]) -> tuple[float, float]:
 
   Example:
     >>> import jax.numpy as jnp
-    >>> from remat_toolkit.verify import default_tolerances
+    >>> from remat_toolkit._src.verify import default_tolerances
     >>> default_tolerances([jnp.float32, jnp.bfloat16])
     (0.01, 0.0)
   """

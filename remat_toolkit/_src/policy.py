@@ -18,11 +18,11 @@ import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
-from remat_toolkit import _compat as compat
-from remat_toolkit import tags
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import tags
 
 __all__ = ["Policy", "Lowering", "MATMUL_MODES", "MEMORY_KINDS",
-           "normalize_name"]
+           "normalize_name", "unrunnable_reason"]
 
 #: Values of :attr:`Policy.matmuls`.
 MATMUL_MODES: dict[str, str] = {
@@ -80,6 +80,8 @@ class Policy:
     offload_dst: memory kind offloaded to (default ``"pinned_host"``).
     save_everything: keep every residual (no recomputation at all).
     aliases: other names this policy answers to.
+    jax_policy: a policy of JAX's own (see :meth:`from_jax`); when set, the
+      policy lowers to it unchanged and the other fields must be defaults.
 
   Example:
     >>> import remat_toolkit as rt
@@ -96,6 +98,39 @@ class Policy:
   offload_dst: str = "pinned_host"
   save_everything: bool = False
   aliases: tuple[str, ...] = ()
+  jax_policy: Any = None
+
+  @classmethod
+  def from_jax(cls, jax_policy: Any, name: str | None = None) -> Policy:
+    """Wraps a policy of JAX's own, so it goes wherever a Policy goes.
+
+    Args:
+      jax_policy: a ``jax.checkpoint_policies`` policy or any callable JAX
+        accepts as ``jax.checkpoint(policy=...)``.
+      name: how results call it; default: the callable's qualified name.
+
+    Returns:
+      A :class:`Policy` that lowers to ``jax_policy`` itself.
+
+    Raises:
+      TypeError: if ``jax_policy`` is not callable.
+
+    Example:
+      >>> import jax
+      >>> import remat_toolkit as rt
+      >>> p = rt.Policy.from_jax(jax.checkpoint_policies.dots_saveable)
+      >>> p.name, p.to_jax() is jax.checkpoint_policies.dots_saveable
+      ('dots_saveable', True)
+    """
+    if not callable(jax_policy) or isinstance(jax_policy, Policy):
+      raise TypeError(
+          f"Policy.from_jax takes a JAX checkpoint policy (a callable such as "
+          f"jax.checkpoint_policies.dots_saveable), got {jax_policy!r}.")
+    if name is None:
+      name = (getattr(jax_policy, "__qualname__", None)
+              or type(jax_policy).__name__)
+    return cls(name=name, jax_policy=jax_policy,
+               description="a policy of JAX's own, used as given")
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name.strip():
@@ -115,6 +150,13 @@ class Policy:
       if value not in MEMORY_KINDS:
         raise ValueError(
             f"Policy.{field} must be one of {list(MEMORY_KINDS)}, got {value!r}.")
+    if self.jax_policy is not None and (
+        self.save or self.offload or self.matmuls != "none"
+        or self.save_everything):
+      raise ValueError(
+          f"Policy {self.name!r} wraps a JAX policy and also sets "
+          "save/offload/matmuls/save_everything; the JAX policy alone decides "
+          "what is kept, so leave those fields at their defaults.")
     if not isinstance(self.save_everything, bool):
       raise TypeError(
           f"Policy.save_everything must be true or false, got "
@@ -147,7 +189,14 @@ class Policy:
   @property
   def offloads(self) -> bool:
     """Whether this policy moves anything to host memory."""
+    if self.jax_policy is not None:
+      return compat.jax_policy_offloads(self.jax_policy)
     return bool(self.offload) or self.matmuls == "offload-no-batch"
+
+  @property
+  def is_jax_policy(self) -> bool:
+    """Whether this wraps a policy of JAX's own (see :meth:`from_jax`)."""
+    return self.jax_policy is not None
 
   @property
   def patterns(self) -> tuple[str, ...]:
@@ -189,6 +238,8 @@ class Policy:
     Raises:
       ValueError: if patterns put one name in both save and offload.
     """
+    if self.jax_policy is not None:
+      return Lowering(self.name, raw=self.jax_policy)
     if self.save_everything:
       return Lowering("everything_saveable")
     simple = {"all": "dots_saveable",
@@ -232,15 +283,10 @@ class Policy:
     """
     lowering = self.lowering(names)
     if lowering.offloads:
-      self._require_offload_support()
+      reason = unrunnable_reason(self)
+      if reason is not None:
+        raise ValueError(reason)
     return lowering.to_jax()
-
-  def _require_offload_support(self) -> None:
-    if compat.offloading_unsupported():
-      raise ValueError(
-          f"Policy {self.name!r} offloads to host memory, but "
-          f"{compat.offloading_refusal()}; or use a policy that saves "
-          "instead of offloading.")
 
   def describe_lowering(self, names: Iterable[str] | None = None) -> str:
     """The JAX call this policy lowers to, as source text."""
@@ -248,6 +294,8 @@ class Policy:
 
   def keeps_summary(self) -> str:
     """A short phrase for tables: what stays on device."""
+    if self.jax_policy is not None:
+      return f"what JAX's {self.name} keeps"
     if self.save_everything:
       return "everything"
     if self.matmuls in ("all", "no-batch"):
@@ -262,6 +310,20 @@ class Policy:
     if self.matmuls == "offload-no-batch":
       return "matmul outputs w/o batch dims"
     return ", ".join(self.offload) if self.offload else "-"
+
+
+def unrunnable_reason(policy: Policy) -> str | None:
+  """Why ``policy`` cannot run on this JAX now, or None when it can.
+
+  The one place this is decided, and the one message for it: entry points
+  given one policy raise it as a ``ValueError``; those given many record it
+  as a skipped policy and warn.
+  """
+  if not policy.offloads or not compat.offloading_unsupported():
+    return None
+  return (f"Policy {policy.name!r} offloads to host memory, but "
+          f"{compat.offloading_refusal()}; or use a policy that saves "
+          "instead of offloading.")
 
 
 def _name_matches(name: str, pattern: str) -> bool:
@@ -303,9 +365,12 @@ class Lowering:
 
   constructor: str
   args: tuple = ()
+  raw: Any = None
 
   def to_jax(self) -> Any:
     """The JAX policy object (one object per distinct lowering)."""
+    if self.raw is not None:
+      return self.raw
     return compat.jax_policy(self.constructor, *self.args)
 
   @property
@@ -320,6 +385,8 @@ class Lowering:
   @property
   def offloads(self) -> bool:
     """Whether the JAX policy moves residuals to host memory."""
+    if self.raw is not None:
+      return compat.jax_policy_offloads(self.raw)
     return self.constructor in ("offload_dot_with_no_batch_dims",
                                 "save_and_offload_only_these_names")
 
@@ -331,6 +398,8 @@ class Lowering:
     return frozenset()
 
   def __str__(self) -> str:
+    if self.raw is not None:
+      return f"{self.constructor} (a JAX policy, used as given)"
     call = f"jax.checkpoint_policies.{self.constructor}"
     if self.constructor == "save_and_offload_only_these_names":
       saved, offloaded, src, dst = self.args

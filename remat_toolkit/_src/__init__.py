@@ -1,0 +1,1 @@
+"""The implementation of remat-toolkit; import from ``remat_toolkit``."""

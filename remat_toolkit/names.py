@@ -1,0 +1,12 @@
+"""The checkpoint-name vocabulary policies select from.
+
+Example:
+  >>> from remat_toolkit import names
+  >>> "attn.context" in names.VOCABULARY
+  True
+"""
+
+from remat_toolkit._src.tags import MAXTEXT_NAMES
+from remat_toolkit._src.tags import VOCABULARY
+
+__all__ = ["VOCABULARY", "MAXTEXT_NAMES"]

@@ -1,0 +1,36 @@
+"""The classes results come back as: data, rendered by one display module.
+
+Each holds numbers and names; ``str(result)``, ``result._repr_html_()``,
+``result.to_dataframe()`` and ``result.to_json()`` render it (text, HTML in
+notebooks, pandas, JSON) through the same display code.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import remat_toolkit as rt
+  >>> from remat_toolkit.results import ResidualReport
+  >>> f = rt.remat(lambda x: jnp.sin(jnp.sin(x)))
+  >>> isinstance(rt.analyze(f, jax.ShapeDtypeStruct((4,), jnp.float32)),
+  ...            ResidualReport)
+  True
+"""
+
+from remat_toolkit._src.analysis import Comparison
+from remat_toolkit._src.analysis import Residual
+from remat_toolkit._src.analysis import ResidualReport
+from remat_toolkit._src.bench import BatchFit
+from remat_toolkit._src.bench import BatchSearch
+from remat_toolkit._src.bench import BenchRecord
+from remat_toolkit._src.bench import BenchResult
+from remat_toolkit._src.breakdown import Breakdown
+from remat_toolkit._src.planner import Frontier
+from remat_toolkit._src.planner import FrontierPoint
+from remat_toolkit._src.planner import Plan
+from remat_toolkit._src.policy import Lowering
+from remat_toolkit._src.rules import RematSummary
+from remat_toolkit._src.verify import Verification
+
+__all__ = [
+    "Residual", "ResidualReport", "Comparison", "Breakdown", "Plan",
+    "Frontier", "FrontierPoint", "Verification", "BenchRecord", "BenchResult",
+    "BatchFit", "BatchSearch", "RematSummary", "Lowering",
+]
