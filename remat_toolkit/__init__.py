@@ -85,5 +85,5 @@ def __getattr__(name: str):
     return getattr(_importlib.import_module(module), name)
   raise AttributeError(f"module 'remat_toolkit' has no attribute {name!r}")
 
-from remat_toolkit import names  # noqa: E402  (public module, after the names)
-from remat_toolkit import results  # noqa: E402
+from remat_toolkit import names as names  # noqa: E402  (public modules, loaded last)
+from remat_toolkit import results as results  # noqa: E402

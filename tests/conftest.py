@@ -8,8 +8,8 @@ JAX's own remat tests re-run their classes with ``jax_remat3`` on.
 import jax
 import pytest
 
-from remat_toolkit._src import compat as compat
 from remat_toolkit._src import catalog
+from remat_toolkit._src import compat as compat
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

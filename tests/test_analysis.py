@@ -8,8 +8,8 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src import context
+from remat_toolkit._src import residuals as _residuals
 
 S = jax.ShapeDtypeStruct
 D, H, B, L = 16, 64, 8, 3

@@ -11,12 +11,12 @@ from unittest import mock
 import pytest
 
 import remat_toolkit as rt
+from remat_toolkit import models
+from remat_toolkit._src import analysis
+from remat_toolkit._src import cli
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src import analysis
-from remat_toolkit._src import cli
-from remat_toolkit import models
 
 MIB = 2**20
 

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
+from remat_toolkit import models
 from remat_toolkit._src import catalog
 from remat_toolkit._src import cli
-from remat_toolkit import models
 
 S = jax.ShapeDtypeStruct
 W = S((4, 4), jnp.float32)

@@ -9,8 +9,8 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src import context
+from remat_toolkit._src import residuals as _residuals
 
 S = jax.ShapeDtypeStruct
 D, H = 16, 64
@@ -142,8 +142,8 @@ def test_display_and_json():
 # ------------------------------------------------------------------ CLI
 
 def test_cli_breakdown_prints_the_table_and_json(capsys):
-  from remat_toolkit._src import cli
   from remat_toolkit import models
+  from remat_toolkit._src import cli
   assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamw"]) == 0
   text = capsys.readouterr().out
   assert text.startswith("model tiny")

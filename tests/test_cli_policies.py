@@ -11,9 +11,9 @@ import jax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
 from remat_toolkit._src import catalog
 from remat_toolkit._src import cli
+from remat_toolkit._src import compat as compat
 
 
 def _run(capsys, *argv):

@@ -22,8 +22,8 @@ from shared_helpers import NNXMlp
 from shared_helpers import residuals
 
 import remat_toolkit as rt
-from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit import models
+from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import rules as rules_lib
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -11,9 +11,9 @@ import optax
 import pytest
 
 import remat_toolkit as rt
+from remat_toolkit import models
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit import models
 
 BLOCK_TAGS = frozenset(rt.VOCABULARY) - {"attn.qkv"}
 

@@ -14,10 +14,10 @@ import jax
 import pytest
 
 import remat_toolkit as rt
+from remat_toolkit import models
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
-from remat_toolkit import models
 
 verify_module = importlib.import_module("remat_toolkit._src.verify")
 

@@ -15,12 +15,12 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src import analysis
 from remat_toolkit._src import catalog
+from remat_toolkit._src import compat as compat
 from remat_toolkit._src import context
 from remat_toolkit._src import planner
+from remat_toolkit._src import residuals as _residuals
 
 S = jax.ShapeDtypeStruct
 B, D, H, K, L = 4, 8, 16, 4, 2
@@ -441,8 +441,8 @@ def test_frontier_plot_and_given_policies():
 # ------------------------------------------------------------------ CLI
 
 def test_cli_plan_json_save_and_errors(tmp_path, capsys, fresh_catalogue):
-  from remat_toolkit._src import cli
   from remat_toolkit import models
+  from remat_toolkit._src import cli
   path = tmp_path / "p.toml"
   assert cli.main(["plan", "--model", "tiny", "--budget", "60KiB", "--json",
                    "--max-evaluations", "8", "--save", str(path)]) == 0

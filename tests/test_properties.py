@@ -25,10 +25,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
+from remat_toolkit import models
+from remat_toolkit._src import analysis
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src import analysis
-from remat_toolkit import models
 
 verify_module = importlib.import_module("remat_toolkit._src.verify")
 

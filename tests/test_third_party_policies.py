@@ -27,11 +27,11 @@ from shared_helpers import NNXMlp  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
 
 import remat_toolkit as rt
+from remat_toolkit import models
+from remat_toolkit._src import analysis
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src import analysis
-from remat_toolkit import models
 
 cp = jax.checkpoint_policies
 

@@ -17,8 +17,8 @@ from flax import nnx
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import context
+from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import transform
 from remat_toolkit._src.transform import remat_region
 

@@ -20,11 +20,11 @@ from jax.experimental import io_callback
 from shared_helpers import JAX_RELEASE
 
 import remat_toolkit as rt
+from remat_toolkit._src import cli
 from remat_toolkit._src import compat as compat
+from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src import cli
-from remat_toolkit._src import context
 
 verify_module = importlib.import_module("remat_toolkit._src.verify")
 cp = jax.checkpoint_policies

@@ -36,11 +36,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
+from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src import catalog
-from remat_toolkit._src import context
 from remat_toolkit._src.format import format_bytes
 from remat_toolkit._src.format import format_flops
 from remat_toolkit._src.format import html_table

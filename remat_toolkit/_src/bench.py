@@ -60,9 +60,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from remat_toolkit._src import compat as compat
 from remat_toolkit._src import analysis
 from remat_toolkit._src import catalog
+from remat_toolkit._src import compat as compat
 from remat_toolkit._src import context
 from remat_toolkit._src.format import format_bytes
 from remat_toolkit._src.format import html_table

@@ -43,8 +43,8 @@ from typing import Any
 
 import jax
 
-from remat_toolkit._src import compat as compat
 from remat_toolkit._src import catalog
+from remat_toolkit._src import compat as compat
 from remat_toolkit._src import tags
 from remat_toolkit._src.policy import Policy
 

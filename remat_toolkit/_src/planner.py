@@ -70,9 +70,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from remat_toolkit._src import compat as compat
 from remat_toolkit._src import analysis
 from remat_toolkit._src import catalog
+from remat_toolkit._src import compat as compat
 from remat_toolkit._src.analysis import ResidualReport
 from remat_toolkit._src.analysis import TracedProgram
 from remat_toolkit._src.format import format_bytes

@@ -40,8 +40,8 @@ import jax
 import numpy as np
 
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import context
+from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import tags
 from remat_toolkit._src.policy import Policy
 

@@ -47,11 +47,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import analysis
 from remat_toolkit._src import catalog
+from remat_toolkit._src import compat as compat
 from remat_toolkit._src import context
+from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import transform
 from remat_toolkit._src.policy import Policy
 

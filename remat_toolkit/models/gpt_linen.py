@@ -25,9 +25,9 @@ import jax.numpy as jnp
 from remat_toolkit._src.grouping import group_size
 from remat_toolkit._src.grouping import remat_chain
 from remat_toolkit._src.grouping import scan_layers
+from remat_toolkit._src.tags import tag
 from remat_toolkit.models import common
 from remat_toolkit.models.configs import GPTConfig
-from remat_toolkit._src.tags import tag
 
 __all__ = ["GPT", "Block", "Attention", "MLP", "make_norm"]
 
