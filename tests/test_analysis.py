@@ -8,7 +8,7 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import context
+from remat_toolkit._src import lowering
 from remat_toolkit._src import residuals as _residuals
 
 S = jax.ShapeDtypeStruct
@@ -18,7 +18,7 @@ D, H, B, L = 16, 64, 8, 3
 def ambient_region(f):
   """A remat region that reads the ambient policy at trace time."""
   def g(*args):
-    return jax.checkpoint(f, policy=context.region_policy(None))(*args)
+    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
   return g
 
 

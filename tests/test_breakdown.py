@@ -9,7 +9,7 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import context
+from remat_toolkit._src import lowering
 from remat_toolkit._src import residuals as _residuals
 
 S = jax.ShapeDtypeStruct
@@ -18,7 +18,7 @@ D, H = 16, 64
 
 def ambient_region(f):
   def g(*args):
-    return jax.checkpoint(f, policy=context.region_policy(None))(*args)
+    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
   return g
 
 
@@ -86,7 +86,7 @@ def test_activations_are_the_analyzers(remat_mode):
   by_hand = jax.checkpoint_policies.save_only_these_names("ffn.up")
 
   def fn_by_hand(p, x):
-    with context.override_ambient_regions(by_hand):
+    with lowering.substitute_ambient(by_hand):
       return loss(p, x)
 
   found = compat.saved_residuals(fn_by_hand, PARAMS, batch(32))

@@ -18,7 +18,7 @@ import remat_toolkit as rt
 from remat_toolkit._src import analysis
 from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import context
+from remat_toolkit._src import lowering
 from remat_toolkit._src import planner
 from remat_toolkit._src import residuals as _residuals
 
@@ -30,7 +30,7 @@ NAMES = ("n", "a", "b", "h", "u", "s")
 def ambient_region(f):
   """A remat region that reads the ambient policy at trace time."""
   def g(*args):
-    return jax.checkpoint(f, policy=context.region_policy(None))(*args)
+    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
   return g
 
 
@@ -167,7 +167,7 @@ def test_plan_saves_what_jax_saves_for_the_same_names(remat_mode):
   by_hand = jax.checkpoint_policies.save_only_these_names(*kept)
 
   def fn_by_hand(params, x):
-    with context.override_ambient_regions(by_hand):
+    with lowering.substitute_ambient(by_hand):
       return loss(params, x)
 
   found = compat.saved_residuals(fn_by_hand, *ARGS)

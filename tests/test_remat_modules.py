@@ -17,6 +17,7 @@ from flax import nnx
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
 
 cp = jax.checkpoint_policies
 D, HEADS = 8, 2
@@ -139,7 +140,7 @@ def test_linen_same_variables_and_outputs():
 
 
 def test_linen_policies(remat_mode, monkeypatch):
-  monkeypatch.setattr(rt.context, "_warned", set())
+  monkeypatch.setattr(lowering, "_warned", set())
   plain = grad_of(linen_loss(Model()), VARIABLES)
   for policy in POLICIES:
     model = rt.remat_modules(Model(), {"Block_*": policy})
@@ -194,7 +195,7 @@ def test_linen_ambient_policy():
 
 
 def test_linen_without_tag_outputs_warns(monkeypatch):
-  monkeypatch.setattr(rt.context, "_warned", set())
+  monkeypatch.setattr(lowering, "_warned", set())
   model = rt.remat_modules(Model(), {"Block": "save-attention"},
                            tag_outputs=False)
   with pytest.warns(UserWarning, match="save-attention.*no checkpoint names"):
@@ -307,7 +308,7 @@ def nnx_reference(jax_policy, train=False):
 
 
 def test_nnx_policies(remat_mode, monkeypatch):
-  monkeypatch.setattr(rt.context, "_warned", set())
+  monkeypatch.setattr(lowering, "_warned", set())
   plain_loss, params, rest = nnx_loss_and_args(nnx_model())
   plain = grad_of(plain_loss, params, rest)
   for policy in POLICIES:

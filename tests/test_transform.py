@@ -17,8 +17,8 @@ from flax import nnx
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
 from remat_toolkit._src import transform
 from remat_toolkit._src.transform import remat_region
 
@@ -437,7 +437,7 @@ def test_glob_matches_names_never_seen_before(remat_mode):
 
 
 def test_unmatched_patterns_warn_once(monkeypatch):
-  monkeypatch.setattr(context, "_warned", set())
+  monkeypatch.setattr(lowering, "_warned", set())
   f = rt.remat(lambda x: jnp.sin(rt.tag(x * 2, "ffn.up")).sum(),
                policy="save-attention")
   with pytest.warns(UserWarning, match=r"'save-attention'.*\['ffn.up'\]"):
@@ -508,7 +508,7 @@ def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
   ]
   arguments = [(init_params(),), (variables,), (params, rest)]
   regions = [1, 2, 1]
-  with context.override_ambient_regions(marker):
+  with lowering.substitute_ambient(marker):
     for program, args, expected in zip(programs, arguments, regions,
                                        strict=True):
       jaxpr = jax.make_jaxpr(program)(*args).jaxpr

@@ -22,8 +22,8 @@ from shared_helpers import JAX_RELEASE
 import remat_toolkit as rt
 from remat_toolkit._src import cli
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
 from remat_toolkit._src import residuals as _residuals
 
 verify_module = importlib.import_module("remat_toolkit._src.verify")
@@ -45,7 +45,7 @@ def loss(w, x):
 
 def jax_activation_bytes(fn, args, policy):
   """Non-argument residual bytes by JAX's own saved_residuals."""
-  ambient = (context.override_ambient_regions(policy) if callable(policy)
+  ambient = (lowering.substitute_ambient(policy) if callable(policy)
              else rt.use_policy(policy))
 
   def under(*a):

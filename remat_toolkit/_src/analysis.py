@@ -40,6 +40,7 @@ from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
 from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src.format import format_bytes
 from remat_toolkit._src.format import format_flops
@@ -329,7 +330,7 @@ class TracedProgram:
     def flat_fn(*xs):
       return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
-    with context.override_ambient_regions(self._marker):
+    with lowering.substitute_ambient(self._marker):
       try:
         closed, out_shape = _jaxpr.trace_program(flat_fn, self._leaves)
       except (TypeError, ValueError):

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-from remat_toolkit._src.context import PolicyLike
+from remat_toolkit._src.resolve import PolicyLike
 
 __all__ = ["remat_chain", "scan_layers", "nnx_scan_layers", "group_size"]
 
@@ -462,8 +462,8 @@ def nnx_scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
   spec = _NNXScanSpec(block_cls=block_cls, length=length, size=size,
                       policy=policy, remat=bool(remat))
   if remat and policy is not None:
-    from remat_toolkit._src import context
-    context.resolve(policy)  # an unknown name fails now, not at trace time
+    from remat_toolkit._src import resolve
+    resolve.resolve_policy(policy)  # an unknown name fails now, not at trace time
   return _make_nnx_stack_class(spec)
 
 

@@ -42,6 +42,8 @@ import numpy as np
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
+from remat_toolkit._src import resolve
 from remat_toolkit._src import tags
 from remat_toolkit._src.policy import Policy
 
@@ -66,7 +68,7 @@ def _validate_policy(policy: Any, where: str) -> None:
   if policy is None:
     return
   if isinstance(policy, (str, Policy)) or callable(policy):
-    context.resolve(policy)  # unknown name -> ValueError with suggestions
+    resolve.resolve_policy(policy)  # unknown name -> ValueError with suggestions
     return
   raise TypeError(
       f"policy for {where} must be a policy name, a remat_toolkit.Policy, a "
@@ -161,13 +163,13 @@ def _split_static(spec: _RegionSpec, args: tuple, kwargs: dict
 
 def _names_decide_policy(policy: Any) -> bool:
   """Whether this region's lowering (or its warning) depends on its names."""
-  if policy is None and context._region_override.get() is not None:
+  if policy is None and lowering.ambient_substituted():
     # The analyzer gives regions that read the ambient policy one policy per
     # trace itself; a region with its own policy still needs its names, or
     # its patterns would expand against the names tagged so far in the
     # process, which the first trace has not seen yet.
     return False
-  resolved = context.resolve(policy if policy is not None
+  resolved = resolve.resolve_policy(policy if policy is not None
                              else context.current_policy())
   return isinstance(resolved, Policy) and bool(resolved.patterns)
 
@@ -189,8 +191,8 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: _RegionSpec,
   names = None
   if _names_decide_policy(spec.policy):
     names, body = _discover(body, inputs)
-    context.warn_if_unmatched(spec.policy, names, spec.where)
-  jax_policy = context.region_policy(
+    lowering.warn_if_unmatched(spec.policy, names, spec.where)
+  jax_policy = lowering.region_jax_policy(
       spec.policy, tags.known_names() if names is None else names)
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
@@ -257,8 +259,8 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: _RegionSpec,
       cache[key] = entry  # a trace closing over another trace's values is not kept
   closed, out_tree, names = entry
   if _names_decide_policy(spec.policy):
-    context.warn_if_unmatched(spec.policy, names, spec.where)
-  jax_policy = context.region_policy(spec.policy, names)
+    lowering.warn_if_unmatched(spec.policy, names, spec.where)
+  jax_policy = lowering.region_jax_policy(spec.policy, names)
   return jax.checkpoint(_replay(closed, out_tree), policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(((), dynamic))
 
@@ -545,7 +547,7 @@ def remat_region(fn: Callable[..., Any], *, policy: Any = None,
   """Makes ``g`` with ``g(*args) == fn(*args)``, computed in ONE remat region.
 
   The region's JAX policy is resolved when ``g`` is called (trace time) with
-  ``context.region_policy(policy, names)``, ``names`` being the checkpoint
+  ``lowering.region_jax_policy(policy, names)``, ``names`` being the checkpoint
   names the region contains. If ``args[0]`` is a bound linen Module the region
   is a Flax lifted remat (variables and rngs work, dropout masks repeat in the
   recompute); if any argument is an NNX graph node the modules' state is

@@ -52,6 +52,7 @@ from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
 from remat_toolkit._src import transform
 from remat_toolkit._src.policy import Policy
 
@@ -409,7 +410,7 @@ def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
     return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
   # Regions cache their traces; the second trace must run the Python again.
-  with context.override_ambient_regions(program._marker), \
+  with lowering.substitute_ambient(program._marker), \
       transform.fresh_traces():
     second, _ = _jaxpr.trace_program(flat_fn, program._leaves)
   difference = _jaxpr.trace_difference(program.jaxpr, second)
@@ -584,5 +585,5 @@ def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
 def _ambient(policy: Policy | _RawPolicy):
   """Makes ``policy`` the one every ambient region takes while tracing."""
   if isinstance(policy, _RawPolicy):
-    return context.override_ambient_regions(policy.jax_policy)
+    return lowering.substitute_ambient(policy.jax_policy)
   return context.use_policy(policy)
