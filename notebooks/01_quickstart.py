@@ -1,7 +1,5 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -41,8 +39,8 @@ print(f"jax {jax.__version__}, remat_toolkit {rt.__version__}, "
 # `Block` is an ordinary linen module: a pre-norm feed-forward block. Two of its
 # tensors are *tagged* with `rt.tag(x, name)`, a JAX checkpoint name that lets a
 # policy select the tensor by name. The built-in policies use the names of
-# `rt.VOCABULARY` (`ffn.up`, `attn.q`, ...), so tagging with those names makes
-# every built-in policy meaningful for this block.
+# `remat_toolkit.names.VOCABULARY` (`ffn.up`, `attn.q`, ...), so tagging with
+# those names makes every built-in policy meaningful for this block.
 #
 # `rt.remat(Block)` is used like `nn.remat(Block)`: it returns a class whose
 # every call is one remat region. No policy is given, so the region reads the

@@ -1,7 +1,5 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -106,9 +104,9 @@ for _, group in points:
 # Offloading policies spend a third resource (host transfers) that a
 # two-dimensional chart cannot show, so the chart below compares the policies
 # that keep everything on device. Each point is a policy: to the right means
-# more recompute, up means more memory kept. Red points are Pareto-optimal and
-# the red line joins them; for a grey point, some red point is no higher and no
-# further right. The vertical axis is logarithmic so that policies far apart in
+# more memory kept, up means more recompute. Red points are Pareto-optimal and
+# the red line joins them; for a grey point, some red point is no further right
+# and no higher. The horizontal axis is logarithmic so that policies far apart in
 # memory stay readable (`comparison.plot()` returns the matplotlib axes, to adjust
 # like any other).
 
@@ -116,12 +114,12 @@ for _, group in points:
 on_device = [n for n in rt.list_policies() if not rt.get_policy(n).offloads]
 device_comparison = rt.compare(loss_fn, params, batch, policies=on_device)
 ax = device_comparison.plot()
-ax.set_yscale("log")
+ax.set_xscale("log")
 
 # %% [markdown]
 # ## From the chart to a choice
 #
-# Read the front from the left: the first point that fits your memory is the
+# Read the front from the right: the first red point left of your memory is the
 # policy with the least recompute you can afford. The cell below does that for
 # an example budget, 40% more than `boundary-only` keeps; notebook
 # `04_fitting_a_budget` does it properly, counting parameters and optimizer

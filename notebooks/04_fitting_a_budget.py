@@ -1,7 +1,5 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python

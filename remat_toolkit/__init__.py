@@ -16,8 +16,8 @@ import warnings as _warnings
 
 from remat_toolkit._src.analysis import analyze
 from remat_toolkit._src.analysis import compare
+from remat_toolkit._src.batch_search import largest_batch
 from remat_toolkit._src.bench import bench
-from remat_toolkit._src.bench import largest_batch
 from remat_toolkit._src.breakdown import memory_breakdown
 from remat_toolkit._src.catalog import get_policy
 from remat_toolkit._src.catalog import list_policies
@@ -25,10 +25,10 @@ from remat_toolkit._src.catalog import load_policies
 from remat_toolkit._src.catalog import register_policy
 from remat_toolkit._src.context import current_policy
 from remat_toolkit._src.context import use_policy
+from remat_toolkit._src.frontier import frontier
 from remat_toolkit._src.grouping import nnx_scan_layers
 from remat_toolkit._src.grouping import remat_chain
 from remat_toolkit._src.grouping import scan_layers
-from remat_toolkit._src.planner import frontier
 from remat_toolkit._src.planner import plan
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.rules import remat_modules
@@ -37,7 +37,7 @@ from remat_toolkit._src.tags import tag
 from remat_toolkit._src.transform import remat
 from remat_toolkit._src.verify import verify
 
-__version__ = "0.2.0"
+__version__ = "0.1.0"
 
 __all__ = [
     # policies

@@ -8,25 +8,25 @@ Example:
   >>> import jax, jax.numpy as jnp
   >>> import remat_toolkit as rt
   >>> from remat_toolkit.results import ResidualReport
-  >>> f = rt.remat(lambda x: jnp.sin(jnp.sin(x)))
+  >>> f = rt.remat(lambda x: jnp.sin(jnp.sin(x)).sum())
   >>> isinstance(rt.analyze(f, jax.ShapeDtypeStruct((4,), jnp.float32)),
   ...            ResidualReport)
   True
 """
 
-from remat_toolkit._src.analysis import Comparison
-from remat_toolkit._src.analysis import Residual
-from remat_toolkit._src.analysis import ResidualReport
-from remat_toolkit._src.bench import BatchFit
-from remat_toolkit._src.bench import BatchSearch
+from remat_toolkit._src.batch_search import BatchFit
+from remat_toolkit._src.batch_search import BatchSearch
 from remat_toolkit._src.bench import BenchRecord
 from remat_toolkit._src.bench import BenchResult
 from remat_toolkit._src.breakdown import Breakdown
-from remat_toolkit._src.planner import Frontier
-from remat_toolkit._src.planner import FrontierPoint
-from remat_toolkit._src.planner import Plan
+from remat_toolkit._src.discovery import RematSummary
+from remat_toolkit._src.frontier import Frontier
+from remat_toolkit._src.frontier import FrontierPoint
+from remat_toolkit._src.plan_result import Plan
 from remat_toolkit._src.policy import Lowering
-from remat_toolkit._src.rules import RematSummary
+from remat_toolkit._src.report import Comparison
+from remat_toolkit._src.report import Residual
+from remat_toolkit._src.report import ResidualReport
 from remat_toolkit._src.verify import Verification
 
 __all__ = [

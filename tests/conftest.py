@@ -1,7 +1,9 @@
-"""Shared test fixtures.
+"""Shared test fixtures (shared helper functions are in ``shared_helpers.py``).
 
 ``remat_mode`` runs a test under both of JAX's remat implementations, the way
 JAX's own remat tests re-run their classes with ``jax_remat3`` on.
+``quick_compiles`` turns XLA's optimisation passes off for a module of tiny
+programs (``pytestmark = pytest.mark.usefixtures("quick_compiles")``).
 """
 
 
@@ -31,6 +33,15 @@ def remat_mode(request):
   """Runs the test with jax_remat3 off, then on; yields the flag value."""
   with compat.remat3(request.param):
     yield request.param
+
+
+@pytest.fixture(scope="module")
+def quick_compiles():
+  """These programs are tiny: XLA's optimisation passes cost more than they save."""
+  before = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,8 @@
-"""Helpers shared by the transform tests."""
+"""Helpers shared by the test files: one copy of each, imported where needed.
+
+``third_party_models.py`` holds the Hugging Face models; fixtures are in
+``conftest.py`` (``quick_compiles``, ``remat_mode``).
+"""
 
 import re
 
@@ -7,12 +11,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
+from remat_toolkit._src import lowering
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src.policy import unrunnable_reason
 
 #: The running JAX's minor release ("0.10", "0.11", "0.12"): pins of JAX bugs
 #: and behaviours that no feature probe covers are stated per release.
 JAX_RELEASE = ".".join(jax.__version__.split(".")[:2])
 
+
+# ---------------------------------------------------------------- residuals
 
 def residuals(fn, *args):
   """What is saved, as a sorted list of (shape, dtype, what) records."""
@@ -30,6 +40,63 @@ def residuals(fn, *args):
     out.append((tuple(aval.shape), str(aval.dtype), what))
   return sorted(out)
 
+
+def named(records):
+  """The checkpoint names among :func:`residuals` records."""
+  return {what[len("named "):] for _, _, what in records
+          if what.startswith("named ")}
+
+
+def jax_accounting(fn, args, policy):
+  """(count, activation bytes, argument count) from JAX's saved_residuals,
+  with ``fn`` traced under the ambient ``policy``."""
+  def under_policy(*a):
+    with rt.use_policy(policy):
+      return fn(*a)
+  found = compat.saved_residuals(under_policy, *args)
+  activations = [a for a, d in found if "from the argument" not in d]
+  return (len(found), sum(_residuals.aval_nbytes(a) for a in activations),
+          len(found) - len(activations))
+
+
+def runnable_policies() -> list[str]:
+  """The built-in policies that can run in the current remat mode."""
+  return [n for n in rt.list_policies()
+          if unrunnable_reason(rt.get_policy(n)) is None]
+
+
+# ---------------------------------------------------------------- regions
+
+def ambient_region(f):
+  """A remat region that reads the ambient policy at trace time."""
+  def g(*args):
+    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
+  return g
+
+
+def grad_of(loss, *args):
+  """``jax.grad(loss)(*args)``, traced once and run op by op.
+
+  Op-by-op execution shares compiled primitives across every test, where a
+  ``jit`` per model would compile each program anew.
+  """
+  closed, out_shape = jax.make_jaxpr(jax.grad(loss), return_shape=True)(*args)
+  flat = compat.eval_jaxpr(closed.jaxpr, closed.consts,
+                           *jax.tree.leaves(args))
+  return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+  """Leaf by leaf ``assert_allclose``; PRNG keys compare by their key data."""
+  def as_numpy(x):
+    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    return np.asarray(x)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(
+      as_numpy(x), as_numpy(y), rtol=rtol, atol=atol), a, b)
+
+
+# ---------------------------------------------------------------- models
 
 def cheap_init(key, shape, dtype=jnp.float32):
   """Weights from a NumPy constant scaled by the key: traceable, like any

@@ -5,21 +5,15 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
+from shared_helpers import ambient_region
+from shared_helpers import jax_accounting
+from shared_helpers import runnable_policies
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import lowering
-from remat_toolkit._src import residuals as _residuals
 
 S = jax.ShapeDtypeStruct
 D, H, B, L = 16, 64, 8, 3
-
-
-def ambient_region(f):
-  """A remat region that reads the ambient policy at trace time."""
-  def g(*args):
-    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
-  return g
 
 
 @ambient_region
@@ -50,24 +44,6 @@ SCANNED_ARGS = ((S((L, D, H), jnp.float32), S((L, H, D), jnp.float32)),
                 S((B, D), jnp.float32))
 PROGRAMS = {"unrolled": (unrolled_loss, UNROLLED_ARGS),
             "scan": (scanned_loss, SCANNED_ARGS)}
-
-
-def jax_accounting(fn, args, policy):
-  """(count, activation bytes, argument count) from JAX's saved_residuals."""
-  def under_policy(*a):
-    with rt.use_policy(policy):
-      return fn(*a)
-  found = compat.saved_residuals(under_policy, *args)
-  activations = [a for a, d in found if "from the argument" not in d]
-  return (len(found), sum(_residuals.aval_nbytes(a) for a in activations),
-          len(found) - len(activations))
-
-
-def runnable_policies():
-  names = rt.list_policies()
-  if compat.remat3_enabled():
-    names = [n for n in names if not rt.get_policy(n).offloads]
-  return names
 
 
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
@@ -236,11 +212,84 @@ def test_non_array_argument_is_rejected():
 
 
 @pytest.mark.parametrize("policy, error", [
-    (3, TypeError), ("save-atention", ValueError),
-    (jax.checkpoint_policies.dots_saveable, TypeError)])
+    (3, TypeError), ("save-atention", ValueError)])
 def test_bad_policy_is_rejected(policy, error):
   with pytest.raises(error, match="policy"):
     rt.analyze(unrolled_loss, *UNROLLED_ARGS, policy=policy)
+
+
+RAW_POLICIES = {
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "save_only_these_names": jax.checkpoint_policies.save_only_these_names(
+        "ffn.up", "ffn.down"),
+}
+
+
+@pytest.mark.parametrize("raw", sorted(RAW_POLICIES))
+def test_a_raw_jax_policy_keeps_what_jax_says(remat_mode, raw):
+  policy = RAW_POLICIES[raw]
+  count, act_bytes, n_args = jax_accounting(unrolled_loss, UNROLLED_ARGS, policy)
+  report = rt.analyze(unrolled_loss, *UNROLLED_ARGS, policy=policy)
+  assert len(report.residuals) == count
+  assert report.activation_bytes == act_bytes > 0
+  assert sum(r.kind == "argument" for r in report.residuals) == n_args
+  comparison = rt.compare(unrolled_loss, *UNROLLED_ARGS,
+                          policies=[policy, "boundary-only"])
+  assert comparison.reports[report.policy].activation_bytes == act_bytes
+  breakdown = rt.memory_breakdown(unrolled_loss, *UNROLLED_ARGS, policy=policy)
+  assert breakdown.activation_bytes == act_bytes
+
+
+def test_a_user_save_everything_does_not_move_the_percentages():
+  policies = ["boundary-only", "save-ffn", "save-everything"]
+
+  def percent(comparison):
+    return {r["policy"]: r["percent_of_save_everything"]
+            for r in comparison.rows()}
+
+  before = rt.compare(unrolled_loss, *UNROLLED_ARGS, policies=policies)
+  # A user's file called save-everything.toml that keeps far less.
+  rt.register_policy(rt.Policy(name="save-everything", save=["ffn.up"]),
+                     override=True)  # the restore_registry fixture undoes it
+  after = rt.compare(unrolled_loss, *UNROLLED_ARGS, policies=policies)
+  mine = after.reports["save-everything"].activation_bytes
+  assert mine < before.reports["save-everything"].activation_bytes
+  assert percent(before)["save-everything"] == 100.0
+  assert percent(after)["save-everything"] < 100.0
+  for name in ("boundary-only", "save-ffn"):
+    assert percent(after)[name] == percent(before)[name]
+  assert after.baseline.activation_bytes == before.baseline.activation_bytes
+
+
+def _refusal(call):
+  with pytest.raises(ValueError) as info:
+    call()
+  return str(info.value)
+
+
+def test_one_offloading_policy_is_refused_alike_everywhere():
+  if compat.remat3_offloads():
+    pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
+  with compat.remat3(True):
+    messages = {
+        "analyze": _refusal(lambda: rt.analyze(
+            unrolled_loss, *UNROLLED_ARGS, policy="offload-attention")),
+        "memory_breakdown": _refusal(lambda: rt.memory_breakdown(
+            unrolled_loss, *UNROLLED_ARGS, policy="offload-attention")),
+        "verify": _refusal(lambda: rt.verify(
+            unrolled_loss, *UNROLLED_ARGS, policy="offload-attention",
+            check_values=False)),
+    }
+    with pytest.warns(UserWarning) as raised:
+      comparison = rt.compare(unrolled_loss, *UNROLLED_ARGS,
+                              policies=["offload-attention", "boundary-only"])
+  assert len(set(messages.values())) == 1, messages
+  message = messages["analyze"]
+  assert "'offload-attention'" in message and "jax_remat3" in message
+  # Given many policies, the same reason is a skip and a warning.
+  assert comparison.skipped == {"offload-attention": message}
+  assert message in [str(w.message) for w in raised]
+  assert list(comparison.reports) == ["boundary-only"]
 
 
 def test_compare_rejects_a_single_string():

@@ -12,11 +12,11 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import analysis
 from remat_toolkit._src import cli
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import trace
 
 MIB = 2**20
 
@@ -77,13 +77,13 @@ def test_gpt_flops_match_hand_arithmetic(remat_mode):
 def test_identical_layers_share_one_body_without_changing_the_report():
   fn, args = models.build_loss(models.get_config("tiny", num_layers=4), scan=False)
   with compat.remat3(False):
-    program = analysis.TracedProgram(fn, args)
+    program = trace.TracedProgram(fn, args)
     bodies = {id(e.params["jaxpr"]) for e in program.jaxpr.jaxpr.eqns
               if e.primitive is compat.remat_p}
     assert program.regions == 4 and len(bodies) == 1
     shared = program.report(rt.get_policy("save-attention"))
     with mock.patch.object(_jaxpr, "share_identical_regions", lambda j, m: j):
-      plain = analysis.TracedProgram(fn, args).report(rt.get_policy("save-attention"))
+      plain = trace.TracedProgram(fn, args).report(rt.get_policy("save-attention"))
   assert shared.to_dict() == plain.to_dict()
   assert {f"layers_{i}/attn" for i in range(4)} <= {
       r.module_path for r in shared.activations}
@@ -201,7 +201,7 @@ def test_nnx_identical_layers_still_share_one_body():
   fn, args = models.build_loss(models.get_config("tiny", num_layers=4),
                                scan=False, framework="nnx")
   with compat.remat3(False):
-    program = analysis.TracedProgram(fn, args)
+    program = trace.TracedProgram(fn, args)
     bodies = {id(e.params["jaxpr"]) for e in program.jaxpr.jaxpr.eqns
               if e.primitive is compat.remat_p}
     assert program.regions == 4 and len(bodies) == 1

@@ -5,7 +5,6 @@ figures relate, never how fast anything is.
 """
 
 import contextlib
-import importlib
 import io
 import json
 import math
@@ -18,12 +17,13 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit._src import cli
-from remat_toolkit._src.bench import _search
-from remat_toolkit._src.bench import make_train_step
-from remat_toolkit._src.bench import step_memory
-
-# ``rt.bench`` is the function; the module is reached through importlib.
-bench_module = importlib.import_module("remat_toolkit._src.bench")
+from remat_toolkit._src import compat
+from remat_toolkit._src import inputs
+from remat_toolkit._src import train_step
+from remat_toolkit._src.batch_search import _search
+from remat_toolkit._src.batch_search import step_memory
+from remat_toolkit._src.progress import Deadline
+from remat_toolkit._src.train_step import make_train_step
 
 LAYERS, WIDTH = 4, 16
 RECORD_FIELDS = {"policy", "step_time_s", "tokens_per_s", "peak_bytes",
@@ -352,7 +352,7 @@ def test_a_jitted_loss_still_takes_each_policy():
 
 def test_time_limit_keeps_the_baseline_and_lists_the_rest(monkeypatch):
   # As if every compile took longer than the limit.
-  monkeypatch.setattr(bench_module._Deadline, "expired", lambda self: True)
+  monkeypatch.setattr(Deadline, "expired", lambda self: True)
   params, batch = make_args()
   res = rt.bench((scanned_loss, (params, batch)), policies=["boundary-only"],
                  steps=1, warmup=0, time_limit_s=50, progress=False)
@@ -383,14 +383,14 @@ def test_cli_bench_runs_a_user_model(tmp_path, monkeypatch):
 
 
 def test_a_policy_that_fails_is_reported_not_fatal(monkeypatch):
-  real = bench_module._compile_step
+  real = train_step.compile_step
 
   def flaky(workload, policy, grad_accum, batch):
     if policy.name != "save-everything":
       raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore detail")
     return real(workload, policy, grad_accum, batch)
 
-  monkeypatch.setattr(bench_module, "_compile_step", flaky)
+  monkeypatch.setattr(train_step, "compile_step", flaky)
   params, batch = make_args()
   res = rt.bench(scanned_loss, params, batch, policies=["boundary-only"],
                  steps=1, warmup=0, progress=False)
@@ -398,7 +398,7 @@ def test_a_policy_that_fails_is_reported_not_fatal(monkeypatch):
   assert res.skipped["boundary-only"] == (
       "failed to compile: RuntimeError: RESOURCE_EXHAUSTED: out of memory")
   # Without the baseline there is nothing to compare with: that failure raises.
-  monkeypatch.setattr(bench_module, "_compile_step",
+  monkeypatch.setattr(train_step, "compile_step",
                       lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
   with pytest.raises(RuntimeError, match="boom"):
     rt.bench(scanned_loss, params, batch, progress=False)
@@ -411,3 +411,60 @@ def test_bench_takes_abstract_shapes_like_every_other_verb():
   assert [r.policy for r in res.records] == ["save-everything", "boundary-only"]
   assert all(r.step_time_s > 0 for r in res.records)
   assert "synthetic values" in str(res)
+
+
+# ---------------------------------------------------------------- policies
+
+def test_step_memory_and_largest_batch_take_any_policy_like():
+  # A raw JAX policy resolves as everywhere else (Policy.from_jax).
+  args = make_args(abstract=True)
+  raw = jax.checkpoint_policies.nothing_saveable
+  named = step_memory(scanned_loss, *args, policy="boundary-only")
+  assert step_memory(scanned_loss, *args, policy=raw) == named
+  assert (step_memory(scanned_loss, *args, policy=rt.get_policy("boundary-only"))
+          == named)
+  search = rt.largest_batch(scanned_loss, *args, budget="1GiB", max_batch=1,
+                            policies=[raw, "save-everything"], progress=False)
+  assert len(search.fits) == 2 and next(iter(search.fits)) == "save-everything"
+
+
+def test_an_offloading_policy_that_cannot_run_is_skipped_with_the_one_message():
+  with compat.remat3(True):
+    if not compat.offloading_unsupported():
+      pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
+    args = make_args(abstract=True)
+    reason = "Policy 'offload-qkv' offloads to host memory, but"
+    with pytest.raises(ValueError, match=reason):
+      step_memory(scanned_loss, *args, policy="offload-qkv")
+    with pytest.warns(UserWarning, match=reason):
+      search = rt.largest_batch(scanned_loss, *args, budget="1GiB",
+                                max_batch=1, policies=["offload-qkv"],
+                                progress=False)
+  assert list(search.fits) == ["save-everything"]
+  assert search.skipped["offload-qkv"].startswith(reason)
+  assert f"skipped offload-qkv: {reason}" in str(search)
+
+
+# ---------------------------------------------------------------- inputs
+
+def test_random_inputs_are_deterministic_in_the_seed_for_every_dtype():
+  S = jax.ShapeDtypeStruct
+  tree = {"w": S((8, 4), jnp.float32), "h": S((3,), jnp.bfloat16),
+          "ids": S((2, 5), jnp.int32), "mask": S((2, 5), jnp.bool_),
+          "given": jnp.arange(3)}
+  a, b = inputs.random_tree(tree, seed=3), inputs.random_tree(tree, seed=3)
+  c = inputs.random_tree(tree, seed=4)
+  for key in tree:
+    assert a[key].shape == tree[key].shape and a[key].dtype == tree[key].dtype
+    np.testing.assert_array_equal(a[key], b[key])
+  assert a["given"] is tree["given"]
+  # Integer and boolean leaves are zeros: valid token ids and masks.
+  assert not a["ids"].any() and not a["mask"].any()
+  # Floats vary with the seed, scaled by 1/sqrt(fan_in) (fan_in: axis -2).
+  assert not np.array_equal(a["w"], c["w"])
+  assert 0.1 < float(jnp.std(a["w"])) * np.sqrt(8) < 3.0
+  # The tree helper and the leaf helper agree (one rule for verify and bench).
+  leaves, treedef = jax.tree.flatten(tree)
+  flat = jax.tree.unflatten(treedef, inputs.random_inputs(leaves, seed=3))
+  for key in tree:
+    np.testing.assert_array_equal(flat[key], a[key])

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from shared_helpers import ambient_region
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
@@ -14,12 +15,6 @@ from remat_toolkit._src import residuals as _residuals
 
 S = jax.ShapeDtypeStruct
 D, H = 16, 64
-
-
-def ambient_region(f):
-  def g(*args):
-    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
-  return g
 
 
 @ambient_region

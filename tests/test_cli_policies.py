@@ -1,5 +1,7 @@
-"""``remat-toolkit list`` and ``remat-toolkit show``."""
+"""``remat-toolkit list`` and ``show``, and what every command shares:
+``--policy-file``, ``POLICY`` arguments and ``--json``."""
 
+import argparse
 import json
 import os
 import shutil
@@ -13,7 +15,14 @@ import pytest
 import remat_toolkit as rt
 from remat_toolkit._src import catalog
 from remat_toolkit._src import cli
+from remat_toolkit._src import cli_shared
 from remat_toolkit._src import compat as compat
+
+
+@pytest.fixture
+def fresh_catalogue(monkeypatch):
+  # Loaded files replace built-ins (override=True): keep them to one test.
+  monkeypatch.setattr(catalog, "_REGISTRY", catalog._Registry())
 
 
 def _run(capsys, *argv):
@@ -76,11 +85,11 @@ def test_list_json(capsys):
   assert Path(qkv["source"]).name == "save-qkv.toml"
 
 
-def test_list_includes_user_policies(capsys, tmp_path):
+def test_list_includes_user_policies(capsys, tmp_path, fresh_catalogue):
   path = tmp_path / "mine.toml"
   path.write_text('name = "keep-up"\nsave = ["ffn.up"]\n'
                   'description = "Mine."\n')
-  status, out, _ = _run(capsys, "list", "--json", "--policies", str(path))
+  status, out, _ = _run(capsys, "list", "--json", "--policy-file", str(path))
   assert status == 0
   mine = [r for r in json.loads(out) if r["name"] == "keep-up"]
   assert mine and mine[0]["source"] == str(path)
@@ -140,6 +149,130 @@ def test_show_a_policy_file(capsys, tmp_path):
   assert "keep-up" not in rt.list_policies()  # checked, not registered
 
 
+# ------------------------------------------------------------ --policy-file
+
+
+def _write_policy(folder, name, save="ffn.up"):
+  path = folder / f"{name}.toml"
+  path.write_text(f'name = "{name}"\nsave = ["{save}"]\n')
+  return path
+
+
+def test_policy_file_is_repeatable_and_takes_folders(capsys, tmp_path,
+                                                     fresh_catalogue):
+  one = _write_policy(tmp_path, "keep-up")
+  folder = tmp_path / "more"
+  folder.mkdir()
+  _write_policy(folder, "keep-down", save="ffn.down")
+  status, out, err = _run(capsys, "list", "--json", "--policy-file", str(one),
+                          "--policy-file", str(folder))
+  assert status == 0 and err == ""
+  names = [r["name"] for r in json.loads(out)]
+  assert {"keep-up", "keep-down"} <= set(names)
+
+
+def test_deprecated_policies_option_still_loads_and_says_so(capsys, tmp_path,
+                                                            fresh_catalogue):
+  path = _write_policy(tmp_path, "keep-up")
+  status, out, err = _run(capsys, "list", "--json", "--policies", str(path))
+  assert status == 0
+  assert "keep-up" in [r["name"] for r in json.loads(out)]
+  assert err.count("\n") == 1
+  assert err.startswith("remat-toolkit: warning: --policies is deprecated")
+  assert "--policy-file PATH" in err
+
+
+def test_help_names_policy_file_and_the_deprecated_spelling(capsys):
+  assert cli.main(["compare", "--help"]) == 0
+  flat = " ".join(capsys.readouterr().out.split())
+  assert "--policy-file PATH" in flat
+  assert "--policies PATH deprecated spelling of --policy-file" in flat
+  assert "[POLICY ...]" in flat and "--policy POLICY" in flat
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["compare", "save-ffn", "--policy", "save-qkv"], ["save-ffn", "save-qkv"]),
+    (["bench", "--policy", "save-ffn"], ["save-ffn"]),
+])
+def test_many_policy_commands_take_policy_too(argv, expected):
+  # Not read as an abbreviation of --policy-file.
+  args = cli.build_parser().parse_args(argv)
+  assert [p.name for p in cli_shared.resolve_policy_list(args)] == expected
+  assert args.policy_files == []
+
+
+def test_a_policy_file_is_a_policy_name_everywhere(capsys, tmp_path):
+  path = _write_policy(tmp_path, "keep-up")
+  status, out, _ = _run(capsys, "analyze", "--model", "tiny", "--policy",
+                        str(path), "--json")
+  assert status == 0
+  assert json.loads(out)["policy"] == "keep-up"
+  assert "keep-up" not in rt.list_policies()  # run, not registered
+
+
+# ------------------------------------------------------------ --json
+
+# bench's --json (it runs steps: seconds) is tested in test_bench.py.
+_JSON_COMMANDS = {
+    "list": ["list"],
+    "show": ["show", "save-ffn"],
+    "compare": ["compare", "boundary-only", "save-ffn", "--model", "tiny"],
+    "analyze": ["analyze", "--policy", "save-ffn", "--model", "tiny"],
+    "breakdown": ["breakdown", "--model", "tiny", "--optimizer", "adamw"],
+    "verify": ["verify", "--policy", "save-ffn", "--no-values"],
+    "plan": ["plan", "--model", "tiny", "--budget", "400KiB",
+             "--max-evaluations", "4"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(_JSON_COMMANDS))
+def test_every_command_prints_json(capsys, command):
+  status, out, _ = _run(capsys, *_JSON_COMMANDS[command], "--json")
+  assert status == 0
+  assert isinstance(json.loads(out), (dict, list))
+
+
+def test_every_command_with_results_has_json():
+  subparsers = cli.build_parser()._subparsers._group_actions[0].choices
+  for name, parser in subparsers.items():
+    assert "--json" in parser._option_string_actions, name
+  assert set(subparsers) == {*_JSON_COMMANDS, "bench"}
+
+
+class _Result:
+  """A stand-in result: JSON of the given shape, and two warnings."""
+
+  warnings = ("first", "second")
+
+  def __init__(self, data):
+    self.data = data
+
+  def to_json(self, **kwargs):
+    return json.dumps(self.data, **kwargs)
+
+  def __str__(self):
+    return "as text"
+
+
+@pytest.mark.parametrize("data,on_stderr", [
+    ([{"policy": "x"}], 2),  # records: no place for the warnings
+    ({"policy": "x", "warnings": ["first", "second"]}, 0),
+])
+def test_emit_sends_warnings_json_cannot_hold_to_stderr(capsys, data,
+                                                        on_stderr):
+  args = argparse.Namespace(json=True)
+  assert cli_shared.emit(_Result(data), args, heading="model m", status=1) == 1
+  out, err = capsys.readouterr()
+  assert json.loads(out) == data
+  assert err.count("remat-toolkit: warning: ") == on_stderr
+
+
+def test_emit_prints_text_under_its_heading(capsys):
+  args = argparse.Namespace(json=False)
+  assert cli_shared.emit(_Result([]), args, heading="model m") == 0
+  assert capsys.readouterr() == ("model m\nas text\n", "")
+
+
 # ------------------------------------------------------------ user errors
 
 
@@ -155,7 +288,7 @@ def test_unknown_name_exits_2_with_one_line(capsys):
 def test_bad_policy_file_exits_2_naming_file_and_key(capsys, tmp_path):
   path = tmp_path / "bad.toml"
   path.write_text('name = "x"\nmatmuls = "most"\n')
-  for argv in (["show", str(path)], ["list", "--policies", str(path)]):
+  for argv in (["show", str(path)], ["list", "--policy-file", str(path)]):
     status, out, err = _run(capsys, *argv)
     assert status == 2 and out == ""
     assert err.count("\n") == 1

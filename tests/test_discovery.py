@@ -19,20 +19,17 @@ import pytest
 import third_party_models as tp
 from flax import nnx
 from shared_helpers import NNXMlp
+from shared_helpers import assert_trees_close
 from shared_helpers import residuals
 
 import remat_toolkit as rt
 from remat_toolkit import models
+from remat_toolkit._src import discovery
 from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import rules as rules_lib
+from remat_toolkit.results import RematSummary
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 POLICIES = ("save-attention", "save-ffn")
-
-
-def assert_trees_close(a, b):
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(
-      np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6), a, b)
 
 
 def filled(shapes, seed=0):
@@ -49,7 +46,7 @@ def paths(*names):
 
 
 def test_find_blocks_heuristic():
-  find = rules_lib._find_blocks
+  find = discovery.find_blocks
   # Blocks, not the repeated Dense inside them; the experts nested in a block
   # are part of its region.
   moe = paths(("", "Net"), ("Dense_0", "Dense"), ("Dense_1", "Dense"),
@@ -299,13 +296,25 @@ def test_explicit_rules_win():
 def test_summary_of_other_models_and_long_stacks():
   with pytest.raises(TypeError, match="returned by rt.remat_modules"):
     rt.remat_summary(TwoBlocks())
-  summary = rules_lib.RematSummary(
+  summary = RematSummary(
       model="T5", auto=True, classes=("Layer",),
       regions=tuple(f"encoder/block/{i}" for i in range(12)) + (
           "decoder/block/0", "decoder/block/1"))
   assert str(summary) == (
       "remat_modules chose Layer (14 regions: encoder/block/0 .. "
       "encoder/block/11, decoder/block/0, decoder/block/1)")
+
+
+def test_summary_in_a_notebook_is_a_table_of_regions():
+  summary = RematSummary(model="GPT", auto=False, classes=("Block",),
+                         regions=("h/0", "h/1"))
+  html = summary._repr_html_()
+  assert "<pre>" not in html and "rules matched Block in GPT" in html
+  assert html.count("<tr>") == 3  # the header and one row per region
+  assert "<td style='padding:2px 8px'>h/1</td>" in html
+  not_run = RematSummary(model="GPT", auto=True, ran=False)
+  assert not_run._repr_html_().startswith("<p")
+  assert "call its init or apply first" in not_run._repr_html_()
 
 
 # ---------------------------------------------------------------- README

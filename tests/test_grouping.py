@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from shared_helpers import assert_trees_close
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
@@ -31,13 +32,7 @@ ARG = "argument"
 COMPUTED = "computed"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quick_compiles():
-  """These programs are tiny: XLA's optimisation passes cost more than they save."""
-  before = jax.config.values["jax_disable_most_optimizations"]
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", before)
+pytestmark = pytest.mark.usefixtures("quick_compiles")
 
 
 # ---------------------------------------------------------------- helpers
@@ -68,11 +63,6 @@ def computed_bytes(fn, *args) -> int:
   return sum(_residuals.aval_nbytes(aval)
              for aval, desc in compat.saved_residuals(fn, *args)
              if "from the argument" not in desc)
-
-
-def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
-  jax.tree_util.tree_map(
-      lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
 
 
 def hand_chain(layers, x, size, policy):

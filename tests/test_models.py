@@ -9,27 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from shared_helpers import assert_trees_close
 
 import remat_toolkit as rt
 from remat_toolkit import models
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 
-BLOCK_TAGS = frozenset(rt.VOCABULARY) - {"attn.qkv"}
+BLOCK_TAGS = frozenset(rt.names.VOCABULARY) - {"attn.qkv"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quick_compiles():
-  """These programs are tiny: XLA's optimisation passes cost more than they save."""
-  before = jax.config.values["jax_disable_most_optimizations"]
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", before)
-
-
-def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
-  jax.tree_util.tree_map(
-      lambda x, y: np.testing.assert_allclose(x, y, rtol=rtol, atol=atol), a, b)
+pytestmark = pytest.mark.usefixtures("quick_compiles")
 
 
 def param_count(params) -> int:

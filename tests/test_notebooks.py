@@ -1,17 +1,22 @@
-"""Executes every notebook in ``notebooks/`` and checks its key output.
+"""Keeps every notebook in ``notebooks/`` in sync with its script, and runs it.
 
-The notebooks are kept as jupytext percent scripts; each is converted to a
-notebook in a temporary folder and run top to bottom in a fresh IPython kernel
-running this interpreter (its own kernelspec, so a ``python3`` kernel installed
-elsewhere cannot stand in), as a reader would run it. A cell that raises fails
-the test (the notebooks assert what their text claims), and so does a notebook
-whose key output is missing.
+Each notebook is a jupytext pair: a percent script (``0N_*.py``, reviewed as a
+text diff) and the ``.ipynb`` Jupyter shows without the jupytext plugin,
+committed without outputs. The pair must hold the same cells, as jupytext
+makes them of the script.
+
+Each script is also converted to a notebook in a temporary folder and run top
+to bottom in a fresh IPython kernel running this interpreter (its own
+kernelspec, so a ``python3`` kernel installed elsewhere cannot stand in), as a
+reader would run it. A cell that raises fails the test (the notebooks assert
+what their text claims), and so does a notebook whose key output is missing.
 """
 
 from __future__ import annotations
 
 import pathlib
 import sys
+import tomllib
 
 import pytest
 
@@ -24,11 +29,12 @@ from ipykernel.kernelspec import write_kernel_spec  # noqa: E402
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 from jupyter_client.manager import KernelManager  # noqa: E402
 
-# Slow and mode-independent: CI runs it once per leg.
-pytestmark = pytest.mark.slow
+# Running a notebook is slow and mode-independent: CI runs it once per leg.
+slow = pytest.mark.slow
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 KERNEL_NAME = "remat-toolkit-tests"
+SYNC_COMMAND = "jupytext --sync notebooks/0*.py"
 
 # What each notebook must print or display: a fragment of the output of the
 # cells that carry its point.
@@ -64,6 +70,44 @@ def test_every_notebook_has_expectations():
   names = [p.name for p in _notebook_sources()]
   assert names, f"no notebooks found in {NOTEBOOKS}"
   assert sorted(names) == sorted(EXPECTED)
+
+
+def _cells(nb) -> list[tuple[str, str, dict]]:
+  """What a reader sees of each cell; ids are jupytext's, random per new cell."""
+  return [(c.cell_type, c.source, dict(c.metadata)) for c in nb.cells]
+
+
+def _leftover_outputs(nb) -> list[int]:
+  """Indices of the code cells that carry outputs or an execution count."""
+  return [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+          and (c.get("outputs") or c.get("execution_count") is not None)]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_notebook_is_in_sync_with_its_script(name):
+  script = NOTEBOOKS / name
+  ipynb = script.with_suffix(".ipynb")
+  assert ipynb.exists(), (
+      f"{ipynb.name} is missing: run `{SYNC_COMMAND}` and commit it")
+  committed = nbformat.read(ipynb, as_version=4)
+  nbformat.validate(committed)
+  assert _cells(committed) == _cells(jupytext.read(script)), (
+      f"{ipynb.name} and {name} differ: after editing either one, run "
+      f"`{SYNC_COMMAND}` (it updates the older of the pair)")
+  assert committed.metadata.get("kernelspec", {}).get("name") == "python3"
+  assert not _leftover_outputs(committed), (
+      f"{ipynb.name} is committed with outputs in cells "
+      f"{_leftover_outputs(committed)}: clear them with `jupytext --to ipynb "
+      f"notebooks/{name}` (or Jupyter's \"Clear All Outputs\"), then commit")
+
+
+def test_every_notebook_is_paired_by_the_jupytext_config():
+  config = tomllib.loads((NOTEBOOKS / "jupytext.toml").read_text())
+  assert config["formats"] == "ipynb,py:percent"
+  stray = sorted({p.stem for p in NOTEBOOKS.glob("*.ipynb")}
+                 - {p.stem for p in _notebook_sources()})
+  assert not stray, (f"notebooks without a script: {stray}; create it with "
+                     f"`jupytext --to py:percent notebooks/NAME.ipynb`")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +155,7 @@ def _execute(source: pathlib.Path, workdir: pathlib.Path,
   return _run(nb, workdir, kernel_dir, timeout=300)
 
 
+@slow
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_notebook_runs(name, tmp_path, kernel_dir):
   nb = _execute(NOTEBOOKS / name, tmp_path, kernel_dir)
@@ -119,6 +164,7 @@ def test_notebook_runs(name, tmp_path, kernel_dir):
   assert not missing, f"{name}: outputs lack {missing}"
 
 
+@slow
 def test_kernel_is_this_interpreter(tmp_path, kernel_dir):
   nb = nbformat.v4.new_notebook(cells=[
       nbformat.v4.new_code_cell("import sys; print(sys.executable)")])

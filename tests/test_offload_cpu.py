@@ -8,18 +8,16 @@ JAX's own ``saved_residuals`` marks them (``float32<host>[...]``). Under
 ``jax_remat3``, which would silently recompute instead, they raise.
 """
 
-import importlib
-
 import jax
 import pytest
 
 import remat_toolkit as rt
 from remat_toolkit import models
 from remat_toolkit._src import compat as compat
+from remat_toolkit._src import inputs
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
-
-verify_module = importlib.import_module("remat_toolkit._src.verify")
+from remat_toolkit._src import verify as verify_module
 
 #: Each offloading policy and the policy that keeps the same tensors on device.
 SAVING_TWIN = {
@@ -55,7 +53,7 @@ def test_offloading_gradients_run_jitted_on_cpu_and_equal_no_remat():
   reference, _ = models.build_loss(CONFIG, remat=False)
   leaves, treedef = jax.tree_util.tree_flatten(args)
   params, batch = jax.tree_util.tree_unflatten(
-      treedef, verify_module.random_inputs(leaves))
+      treedef, inputs.random_inputs(leaves))
 
   def every_policy(params, batch):
     out = [jax.value_and_grad(reference)(params, batch)]

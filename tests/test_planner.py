@@ -13,25 +13,19 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
+from shared_helpers import ambient_region
 
 import remat_toolkit as rt
-from remat_toolkit._src import analysis
 from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import lowering
 from remat_toolkit._src import planner
 from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src.trace import TracedProgram
 
 S = jax.ShapeDtypeStruct
 B, D, H, K, L = 4, 8, 16, 4, 2
 NAMES = ("n", "a", "b", "h", "u", "s")
-
-
-def ambient_region(f):
-  """A remat region that reads the ambient policy at trace time."""
-  def g(*args):
-    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
-  return g
 
 
 @ambient_region
@@ -87,7 +81,7 @@ def every_choice(*, offload=False):
   if key not in _MEASURED:
     fn, args, names = ((small_loss, SMALL_ARGS, ("u", "s", "o")) if offload
                        else (loss, ARGS, NAMES))
-    program = analysis.TracedProgram(fn, args)
+    program = TracedProgram(fn, args)
     options = ("save", "recompute", "offload") if offload else ("save",
                                                                 "recompute")
     policies = []
@@ -123,7 +117,7 @@ def budgets_between(program, count):
 
 
 def test_test_model_is_not_additive(remat_mode):
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   flops = {k: program.report(rt.Policy(name="p", save=list(k))).recompute_flops
            for k in [(), ("a",), ("b",), ("a", "b")]}
   # Each alone saves nothing, together they save the shared matmul.
@@ -131,7 +125,7 @@ def test_test_model_is_not_additive(remat_mode):
 
 
 def test_plans_equal_brute_force_over_every_subset(remat_mode):
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   budgets = budgets_between(program, 7)
   # frontier plans at every budget on one trace (the planner's own search).
   plans = [p for p in rt.frontier(loss, *ARGS, budgets=budgets,
@@ -151,7 +145,7 @@ def test_plans_equal_brute_force_over_every_subset(remat_mode):
 
 
 def test_plan_is_proven_optimal_and_matches_brute_force(remat_mode):
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   for budget in budgets_between(program, 7)[2:3]:
     p = rt.plan(loss, *ARGS, budget=budget)
     assert p.optimal
@@ -160,7 +154,7 @@ def test_plan_is_proven_optimal_and_matches_brute_force(remat_mode):
 
 
 def test_plan_saves_what_jax_saves_for_the_same_names(remat_mode):
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   p = rt.plan(loss, *ARGS, budget=budgets_between(program, 7)[2])
   kept = sorted(n for n, d in p.decisions.items() if d == "save")
   assert kept and list(p.policy.save) == kept
@@ -183,7 +177,7 @@ def test_plan_saves_what_jax_saves_for_the_same_names(remat_mode):
 
 
 def test_plan_never_worse_than_the_best_fitting_named_policy(remat_mode):
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   shared = planner.Planner(loss, *ARGS)  # one trace for several budgets
   for budget in budgets_between(program, 7)[1:4:2]:
     p = shared.plan(budget)
@@ -208,7 +202,7 @@ def test_budget_below_the_smallest_raises_and_says_the_smallest(remat_mode):
 
 
 def test_budget_strings_and_bad_budgets():
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   budget = budgets_between(program, 3)[1]
   kib = math.ceil(budget / 1024)
   assert (rt.plan(loss, *ARGS, budget=f"{kib}KiB").policy
@@ -237,7 +231,7 @@ def test_plan_does_not_register_until_asked(fresh_catalogue):
 
 
 def test_save_writes_a_policy_file_that_loads_back_equal(tmp_path, fresh_catalogue):
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   p = rt.plan(loss, *ARGS, budget=budgets_between(program, 4)[2])
   path = p.save(tmp_path / "planned.toml")
   loaded = rt.load_policies(path)
@@ -290,7 +284,7 @@ def test_names_with_glob_characters_are_matched_literally(remat_mode):
 
 def test_offload_is_a_third_choice_costed_by_bandwidth():
   with compat.remat3(False):
-    program = analysis.TracedProgram(small_loss, SMALL_ARGS)
+    program = TracedProgram(small_loss, SMALL_ARGS)
     lo = program.report(rt.get_policy("boundary-only")).activation_bytes
     transfer = 1e-3  # FLOP-equivalents per byte moved: offloading is cheap
     cost, _ = brute_force(lo, offload=True, transfer=transfer)
@@ -363,7 +357,7 @@ def test_groups_report_boundaries_plus_one_region(remat_mode):
   assert "skipped" in by_group[3].note
   for g in (None, 4):
     est = by_group[g]
-    program = analysis.TracedProgram(*chain(g or 1))
+    program = TracedProgram(*chain(g or 1))
     whole = max(program.report(p).activation_bytes for p in (
         rt.get_policy("save-everything"), rt.get_policy("save-matmuls"),
         rt.Policy(name="all", save=["a", "u"])))
@@ -399,6 +393,39 @@ def test_groups_trade_boundaries_for_workspace():
     rt.plan(fn, *args, budget="8MiB", groups={2: fn})
 
 
+def test_what_the_budget_bounds_is_explicit():
+  fn, args = chain(1)
+  kept = rt.plan(fn, *args, budget="20KiB")
+  assert kept.bounds == "kept activations" and kept.activation_bytes <= 20 * 1024
+  assert "(kept activations)" in str(kept).splitlines()[0]
+  # With groups the layouts are compared by peak, and the result says so.
+  grouped = rt.plan(fn, *args, budget="8MiB", groups={2: chain(2)})
+  assert grouped.bounds == "estimated peak"
+  assert "(estimated peak)" in str(grouped).splitlines()[0]
+  assert grouped.estimated_peak <= grouped.budget
+  with pytest.raises(ValueError, match="cannot compare layouts"):
+    rt.plan(fn, *args, budget="8MiB", groups={2: chain(2)},
+            bounds="kept activations")
+  with pytest.raises(ValueError, match="bounds must be one of"):
+    rt.plan(fn, *args, budget="8MiB", bounds="peak")
+  # The peak can be bounded without groups too.
+  peak = rt.plan(fn, *args, budget=kept.estimated_peak, bounds="estimated peak")
+  assert peak.bounds == "estimated peak"
+  assert peak.estimated_peak <= kept.estimated_peak
+
+
+def test_plan_numbers_are_read_from_its_report():
+  p = rt.plan(loss, *ARGS, budget="64KiB")
+  r = p.report
+  assert (p.activation_bytes, p.offloaded_bytes, p.recompute_flops,
+          p.recompute_percent) == (r.activation_bytes, r.offloaded_bytes,
+                                   r.recompute_flops, r.recompute_percent)
+  assert p.estimated_peak == p.activation_bytes + p.workspace_bytes
+  data = p.to_dict()
+  assert (data["activation_bytes"], data["estimated_peak"]) == (
+      r.activation_bytes, p.estimated_peak)
+
+
 # ------------------------------------------------------------------ frontier
 
 def test_frontier_points_and_pareto_flags(remat_mode):
@@ -412,7 +439,7 @@ def test_frontier_points_and_pareto_flags(remat_mode):
                          or q.recompute_flops < p.recompute_flops)
                     for q in f.points)
     assert p.on_frontier == (not dominated)
-  program = analysis.TracedProgram(loss, ARGS)
+  program = TracedProgram(loss, ARGS)
   for p in f.points:
     r = program.report(p.policy)
     assert (r.activation_bytes, r.recompute_flops) == (p.activation_bytes,

@@ -160,8 +160,8 @@ def test_exact_names_are_kept_even_when_absent_from_names():
 
 def test_default_names_are_the_vocabulary_and_maxtext_names():
   saved = rt.Policy(name="p", save=["ffn.*", "mlpwi*"]).lowering().saved_names
-  expected = {n for n in rt.VOCABULARY if n.startswith("ffn.")}
-  expected |= {n for n in rt.MAXTEXT_NAMES if n.startswith("mlpwi")}
+  expected = {n for n in rt.names.VOCABULARY if n.startswith("ffn.")}
+  expected |= {n for n in rt.names.MAXTEXT_NAMES if n.startswith("mlpwi")}
   assert expected <= saved
   assert all(n.startswith(("ffn.", "mlpwi")) for n in saved)
 
@@ -181,9 +181,9 @@ def test_pattern_clash_between_save_and_offload(remat_mode):
 
 
 @settings(max_examples=50, deadline=None)
-@given(exact=st.sets(st.sampled_from(sorted(rt.VOCABULARY)), min_size=1),
-       pool=st.sets(st.sampled_from(sorted(rt.VOCABULARY)
-                                    + list(rt.MAXTEXT_NAMES))))
+@given(exact=st.sets(st.sampled_from(sorted(rt.names.VOCABULARY)), min_size=1),
+       pool=st.sets(st.sampled_from(sorted(rt.names.VOCABULARY)
+                                    + list(rt.names.MAXTEXT_NAMES))))
 def test_exact_names_lower_to_themselves(exact, pool):
   lowered = rt.Policy(name="p", save=sorted(exact)).lowering(pool)
   assert lowered.saved_names == exact
@@ -224,7 +224,7 @@ def test_describe_lowering_is_what_to_jax_returns(policy):
   described = eval(policy.describe_lowering(), {"jax": jax})  # noqa: S307
   lowered = policy.to_jax()
   aval = jax.core.ShapedArray((2,), jax.numpy.float32)
-  for name in sorted(set(rt.VOCABULARY) | set(rt.MAXTEXT_NAMES)):
+  for name in sorted(set(rt.names.VOCABULARY) | set(rt.names.MAXTEXT_NAMES)):
     assert (described(compat.name_p, aval, name=name)
             == lowered(compat.name_p, aval, name=name)), name
 

@@ -12,69 +12,80 @@ implementation, then checks, for every built-in policy that runs there:
   are nested (computed from the policies, on the names the model has).
 
 Examples are few and small: each one compiles or traces the model for every
-policy in the catalogue (two dozen).
+policy in the catalogue (two dozen). They are derandomised, so every run draws
+the same ones and a failure reproduces: each test runs one pinned ``@example``
+case chosen to cover what the draws may not (NNX, scan with grouping, SwiGLU
+and RoPE, bfloat16, dropout, remat3) plus its derandomised draws (the first is
+Hypothesis's simplest example; the others change when the test's source does).
 """
-
-import importlib
 
 import jax
 import pytest
 from hypothesis import HealthCheck
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+from shared_helpers import jax_accounting
+from shared_helpers import runnable_policies
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import analysis
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import verify as verify_module
+from remat_toolkit._src.inputs import random_tree
+from remat_toolkit._src.trace import TracedProgram
+from remat_toolkit.names import VOCABULARY
 
-verify_module = importlib.import_module("remat_toolkit._src.verify")
+# derandomize: the draws are a function of the test's source and this
+# Hypothesis release, the same on every run and machine.
+_SETTINGS = dict(deadline=None, database=None, derandomize=True,
+                 print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 
-_SETTINGS = dict(deadline=None, database=None, print_blob=True,
-                 suppress_health_check=[HealthCheck.too_slow])
 
-
-@st.composite
-def gpt_configs(draw):
-  """A tiny GPT config; every field the built-ins vary is drawn."""
-  layers = draw(st.integers(1, 2), label="layers")
-  heads = draw(st.sampled_from([1, 2]), label="heads")
-  head_dim = draw(st.sampled_from([4, 8]), label="head_dim")
-  scan = draw(st.booleans(), label="scan")
-  sizes = [g for g in range(1, layers + 1) if not scan or layers % g == 0]
-  group = draw(st.sampled_from(sizes + ["sqrt"]), label="group")
-  swiglu = draw(st.booleans(), label="swiglu")
+def tiny_gpt(*, layers=1, heads=1, head_dim=4, scan=False, group=1,
+             swiglu=False, d_ff=16, seq=4, batch=1, dropout=0.0,
+             dtype="float32"):
+  """A tiny GPT config from the fields :func:`gpt_configs` draws."""
   return models.get_config(
       "tiny", num_layers=layers, num_heads=heads, d_model=heads * head_dim,
-      d_ff=draw(st.sampled_from([16, 32]), label="d_ff"),
-      seq_len=draw(st.sampled_from([4, 8]), label="seq"),
-      batch_size=draw(st.sampled_from([1, 2]), label="batch"),
-      vocab_size=16,
-      dropout_rate=draw(st.sampled_from([0.0, 0.2]), label="dropout"),
-      dtype=draw(st.sampled_from(["float32", "bfloat16"]), label="dtype"),
-      scan_layers=scan, remat_group=group,
+      d_ff=d_ff, seq_len=seq, batch_size=batch, vocab_size=16,
+      dropout_rate=dropout, dtype=dtype, scan_layers=scan, remat_group=group,
       ffn="swiglu" if swiglu else "gelu",
       positions="rope" if swiglu else "learned",
       norm="rmsnorm" if swiglu else "layernorm",
       use_bias=not swiglu, tie_embeddings=not swiglu)
 
 
+@st.composite
+def gpt_configs(draw):
+  """A tiny GPT config; every field the built-ins vary is drawn."""
+  layers = draw(st.integers(1, 2), label="layers")
+  scan = draw(st.booleans(), label="scan")
+  sizes = [g for g in range(1, layers + 1) if not scan or layers % g == 0]
+  return tiny_gpt(
+      layers=layers, scan=scan,
+      heads=draw(st.sampled_from([1, 2]), label="heads"),
+      head_dim=draw(st.sampled_from([4, 8]), label="head_dim"),
+      group=draw(st.sampled_from(sizes + ["sqrt"]), label="group"),
+      swiglu=draw(st.booleans(), label="swiglu"),
+      d_ff=draw(st.sampled_from([16, 32]), label="d_ff"),
+      seq=draw(st.sampled_from([4, 8]), label="seq"),
+      batch=draw(st.sampled_from([1, 2]), label="batch"),
+      dropout=draw(st.sampled_from([0.0, 0.2]), label="dropout"),
+      dtype=draw(st.sampled_from(["float32", "bfloat16"]), label="dtype"))
+
+
+# The pinned cases: the model variants the built-ins differ on (scan with
+# grouping, SwiGLU/RoPE/RMSNorm, bfloat16, dropout; a sqrt grouping of wider
+# layers), which Hypothesis's simplest draw, a one-layer float32 GELU, lacks.
+SCANNED_SWIGLU = tiny_gpt(layers=2, heads=2, scan=True, group=2, swiglu=True,
+                          dropout=0.2, dtype="bfloat16")
+UNROLLED_GELU_SQRT = tiny_gpt(layers=2, heads=2, group="sqrt", d_ff=32,
+                              seq=8, batch=2)
+
+
 frameworks = st.sampled_from(["linen", "nnx"])
-
-
-def runnable_policies(remat3: bool) -> list[str]:
-  names = rt.list_policies()
-  if remat3:  # offloading needs remat2
-    names = [n for n in names if not rt.get_policy(n).offloads]
-  return names
-
-
-def concrete(args):
-  leaves, treedef = jax.tree_util.tree_flatten(args)
-  return jax.tree_util.tree_unflatten(
-      treedef, verify_module.random_inputs(leaves, seed=0))
 
 
 # ------------------------------------------------------------ gradients
@@ -86,7 +97,7 @@ def gradients_per_policy(config, framework, policies):
   fn, args = models.build_loss(config, framework=framework, dropout=dropout)
   reference, _ = models.build_loss(config, remat=False, framework=framework,
                                    dropout=dropout)
-  params, batch = concrete(args)
+  params, batch = random_tree(args, seed=0)
 
   def every_policy(params, batch):
     # One program for all policies: one compilation.
@@ -113,15 +124,17 @@ def assert_same_gradients(config, policies, reference, results):
     assert diff.ok, (name, diff)
 
 
-@settings(max_examples=2, **_SETTINGS)
+@settings(max_examples=1, **_SETTINGS)
 @given(config=gpt_configs(), framework=frameworks, remat3=st.booleans(),
        policies=st.lists(st.sampled_from(rt.list_policies()), min_size=1,
                          max_size=2, unique=True))
+@example(config=SCANNED_SWIGLU, framework="nnx", remat3=True,
+         policies=["save-attention", "recompute-attention-core"])
 def test_gradients_equal_no_remat(config, framework, remat3, policies):
   # A few policies per example keep compilation short; every built-in is
   # checked on one shape by the test below.
   with compat.remat3(remat3):
-    policies = [p for p in policies if p in runnable_policies(remat3)]
+    policies = [p for p in policies if p in runnable_policies()]
     reference, results = gradients_per_policy(config, framework, policies)
   assert_same_gradients(config, policies, reference, results)
 
@@ -134,31 +147,22 @@ def test_gradients_equal_no_remat_for_every_builtin():
                              d_ff=16, seq_len=4, batch_size=1, vocab_size=16,
                              dropout_rate=0.2)
   with compat.remat3(remat3):
-    policies = runnable_policies(remat3)
+    policies = runnable_policies()
     reference, results = gradients_per_policy(config, "linen", policies)
   assert_same_gradients(config, policies, reference, results)
 
 
 # ------------------------------------------------------------ bytes
 
-def jax_accounting(fn, args, policy):
-  """(residual count, activation bytes) from JAX's saved_residuals."""
-  def under_policy(*a):
-    with rt.use_policy(policy):
-      return fn(*a)
-  found = compat.saved_residuals(under_policy, *args)
-  activations = [a for a, d in found if "from the argument" not in d]
-  return len(found), sum(_residuals.aval_nbytes(a) for a in activations)
-
-
-@settings(max_examples=2, **_SETTINGS)
+@settings(max_examples=1, **_SETTINGS)
 @given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
+@example(config=SCANNED_SWIGLU, framework="linen", remat3=False)
 def test_analyzer_bytes_equal_jax_accounting(config, framework, remat3):
   with compat.remat3(remat3):
     fn, args = models.build_loss(config, framework=framework)
-    comparison = rt.compare(fn, *args, policies=runnable_policies(remat3))
+    comparison = rt.compare(fn, *args, policies=runnable_policies())
     for name, report in comparison.reports.items():
-      count, act_bytes = jax_accounting(fn, args, name)
+      count, act_bytes, _ = jax_accounting(fn, args, name)
       assert len(report.residuals) == count, name
       assert report.activation_bytes + report.offloaded_bytes == act_bytes, name
 
@@ -179,13 +183,14 @@ def nested_pairs(names: frozenset[str]) -> list[tuple[str, str]]:
   return [(a, b) for a in kept for b in kept if a != b and kept[a] <= kept[b]]
 
 
-@settings(max_examples=3, **_SETTINGS)
+@settings(max_examples=2, **_SETTINGS)
 @given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
+@example(config=UNROLLED_GELU_SQRT, framework="nnx", remat3=True)
 def test_activation_bytes_are_ordered_where_kept_sets_are_nested(
     config, framework, remat3):
   with compat.remat3(remat3):
     fn, args = models.build_loss(config, framework=framework)
-    program = analysis.TracedProgram(fn, args)
+    program = TracedProgram(fn, args)
     pairs = nested_pairs(program.names)
     needed = {p for pair in pairs for p in pair} | {"save-everything"}
     kept = {n: program.report(rt.get_policy(n)).activation_bytes for n in needed}
@@ -200,7 +205,7 @@ def test_activation_bytes_are_ordered_where_kept_sets_are_nested(
 
 
 def test_nesting_is_read_from_the_policy_files():
-  names = frozenset(rt.VOCABULARY)
+  names = frozenset(VOCABULARY)
   pairs = set(nested_pairs(names))
   assert ("save-qkv", "save-attention") in pairs
   assert ("save-attention", "save-qkv") not in pairs

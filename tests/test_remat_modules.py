@@ -5,6 +5,7 @@ The reference for what must be saved is the same model wrapped by hand: plain
 submodule outputs tagged by hand with the names ``tag_outputs`` promises.
 """
 
+import functools
 import warnings
 
 import flax.linen as nn
@@ -41,30 +42,15 @@ POLICIES = sorted(HAND_WRITTEN)
 
 # ---------------------------------------------------------------- helpers
 
+import shared_helpers  # noqa: E402
 from shared_helpers import NNXMlp  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import grad_of  # noqa: E402
+from shared_helpers import named  # noqa: E402
 from shared_helpers import residuals  # noqa: E402
 
-
-def named(records):
-  return {w[len("named "):] for _, _, w in records if w.startswith("named ")}
-
-
-def grad_of(loss, *args):
-  """``jax.grad(loss)(*args)``, traced once and run op by op."""
-  closed, out_shape = jax.make_jaxpr(jax.grad(loss), return_shape=True)(*args)
-  flat = compat.eval_jaxpr(closed.jaxpr, closed.consts,
-                              *jax.tree.leaves(args))
-  return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
-
-
-def assert_trees_close(a, b):
-  def as_numpy(x):
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-      x = jax.random.key_data(x)
-    return np.asarray(x)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(
-      as_numpy(x), as_numpy(y), rtol=1e-5, atol=1e-5), a, b)
+assert_trees_close = functools.partial(shared_helpers.assert_trees_close,
+                                       atol=1e-5)
 
 
 

@@ -28,10 +28,10 @@ from shared_helpers import cheap_init  # noqa: E402
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import analysis
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import trace
 
 cp = jax.checkpoint_policies
 
@@ -68,7 +68,7 @@ def check_bytes(fn, args, names):
   every selective built-in keeps more than boundary-only, and only names it
   selects (or boundary-only keeps)."""
   # What rt.analyze does, with the program traced once for every policy.
-  program = analysis.TracedProgram(fn, args)
+  program = trace.TracedProgram(fn, args)
   reports = {p: program.report(rt.get_policy(p))
              for p in ("boundary-only", *SELECTIVE)}
   for policy in ("boundary-only", "save-attention", "save-ffn"):

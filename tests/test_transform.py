@@ -19,6 +19,8 @@ import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import lowering
+from remat_toolkit._src import nnx_paths
+from remat_toolkit._src import resolve
 from remat_toolkit._src import transform
 from remat_toolkit._src.transform import remat_region
 
@@ -46,29 +48,14 @@ POLICIES = sorted(HAND_WRITTEN)
 
 # ---------------------------------------------------------------- helpers
 
+import shared_helpers  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import grad_of  # noqa: E402
+from shared_helpers import named  # noqa: E402
 from shared_helpers import residuals  # noqa: E402
 
-
-def assert_trees_close(a, b):
-  def as_numpy(x):
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-      x = jax.random.key_data(x)
-    return np.asarray(x)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(
-      as_numpy(x), as_numpy(y), rtol=1e-5, atol=1e-5), a, b)
-
-
-def grad_of(loss, *args):
-  """``jax.grad(loss)(*args)``, traced once and run op by op.
-
-  Op-by-op execution shares compiled primitives across every test, where a
-  ``jit`` per model would compile each program anew.
-  """
-  closed, out_shape = jax.make_jaxpr(jax.grad(loss), return_shape=True)(*args)
-  flat = compat.eval_jaxpr(closed.jaxpr, closed.consts,
-                              *jax.tree.leaves(args))
-  return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
+assert_trees_close = functools.partial(shared_helpers.assert_trees_close,
+                                       atol=1e-5)
 
 
 def check_policies(make_ours, make_ref, plain_loss, *args):
@@ -89,11 +76,6 @@ def check_policies(make_ours, make_ref, plain_loss, *args):
     reference = residuals(make_ref(HAND_WRITTEN[policy]), *args)
     assert records[policy] == reference, policy
   return records
-
-
-def named(records):
-  return {what[len("named "):] for _, _, what in records
-          if what.startswith("named ")}
 
 
 def block_math(x, layer, dropout):
@@ -551,7 +533,7 @@ def test_unknown_policy_fails_at_decoration_with_suggestion():
     rt.remat(block_fn, policy="save-fnn")
   with pytest.raises(ValueError, match="Did you mean 'save-ffn'"):
     rt.remat(policy="save_fnn")(block_fn)
-  with pytest.raises(TypeError, match="policy for block_fn"):
+  with pytest.raises(TypeError, match=r"^block_fn: policy must be a policy name"):
     rt.remat(block_fn, policy=3)
 
 
@@ -653,7 +635,7 @@ def two_block_losses(how):
   else:
     model = NNXTwoBlocks(nnx_method_block(rt.remat), rngs)
     if how == "named":
-      transform.name_nnx_modules(model)
+      nnx_paths.name_nnx_modules(model)
   model.eval()
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -688,3 +670,91 @@ def test_nnx_residuals_carry_module_paths(remat_mode, how, blocks):
   layers = {f"{b}/layers/{n}" for b in blocks
             for n in ("q", "k", "v", "o", "up")}
   assert layers <= dots, dots
+
+
+# ---------------------------------------------------------------- one policy path
+
+def _resolver_type_error(value):
+  with pytest.raises(TypeError) as caught:
+    resolve.resolve_policy(value)
+  return str(caught.value)
+
+
+class _TinyLinen(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + jnp.tanh(rt.tag(nn.Dense(2, kernel_init=cheap_init)(x),
+                               "ffn.up"))
+
+
+class _TinyNNX(nnx.Module):
+  def __init__(self, rngs):
+    self.fc = nnx.Linear(2, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return x + jnp.tanh(rt.tag(self.fc(x), "ffn.up"))
+
+
+class _TinyNNXModel(nnx.Module):
+  def __init__(self, rngs):
+    self.first, self.second = _TinyNNX(rngs), _TinyNNX(rngs)
+
+  def __call__(self, x):
+    return self.second(self.first(x))
+
+
+ENTRY_POINTS = {
+    "remat": lambda policy: rt.remat(jnp.sin, policy=policy),
+    "remat_chain": lambda policy: rt.remat_chain(
+        [jnp.sin, jnp.cos], jnp.ones(2), policy=policy),
+    "scan_layers": lambda policy: rt.scan_layers(
+        _TinyLinen, 2, policy=policy, remat=False),
+    "nnx_scan_layers": lambda policy: rt.nnx_scan_layers(
+        _TinyNNX, 2, policy=policy),
+    "remat_modules": lambda policy: rt.remat_modules(
+        _TinyNNXModel(nnx.Rngs(0)), {"_TinyNNX": policy}),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_every_entry_point_refuses_a_bad_policy_with_the_resolver_text(entry):
+  with pytest.raises(TypeError) as caught:
+    ENTRY_POINTS[entry](3)
+  # Prefixed by where it was given (a rule, a scanned class), then verbatim.
+  assert str(caught.value).endswith(_resolver_type_error(3))
+  with pytest.raises(TypeError, match=r"got 3; e\.g\. .*'save-attention'"):
+    rt.use_policy(3).__enter__()
+
+
+@pytest.mark.parametrize("policy", [
+    "save-ffn", rt.get_policy("save-ffn"), cp.save_only_these_names("ffn.up"),
+    None], ids=["name", "Policy", "raw JAX", "ambient"])
+def test_every_entry_point_accepts_what_the_resolver_accepts(policy):
+  x = jnp.ones((1, 2))
+  f = rt.remat(lambda w, x: jnp.tanh(rt.tag(x @ w, "ffn.up")), policy=policy)
+  want = jax.grad(lambda w: jnp.tanh(x @ w).sum())(jnp.eye(2))
+  assert_trees_close(jax.grad(lambda w: f(w, x).sum())(jnp.eye(2)), want)
+  chain = rt.remat_chain([lambda x: rt.tag(jnp.sin(x), "ffn.up"), jnp.cos],
+                         jnp.ones(2), group=2, policy=policy)
+  assert_trees_close(chain, jnp.cos(jnp.sin(jnp.ones(2))))
+  stack = rt.nnx_scan_layers(_TinyNNX, 2, policy=policy)(rngs=nnx.Rngs(0))
+  assert stack(x).shape == (1, 2)
+  model = rt.remat_modules(_TinyNNXModel(nnx.Rngs(0)), {"_TinyNNX": policy})
+  assert model(x).shape == (1, 2)
+  if policy is not None:
+    with rt.use_policy(policy) as ambient:
+      assert rt.current_policy() is ambient
+
+
+def test_a_jax_policy_needs_no_name_discovery():
+  # A raw JAX policy decides what it keeps by itself: nothing to expand.
+  assert not transform._names_decide_policy(cp.dots_saveable)
+  assert not transform._names_decide_policy(rt.Policy.from_jax(cp.dots_saveable))
+  assert transform._names_decide_policy("save-ffn")
+  with rt.use_policy(cp.dots_saveable):
+    assert not transform._names_decide_policy(None)
+
+
+def test_name_nnx_modules_refuses_what_is_not_an_nnx_module():
+  with pytest.raises(TypeError, match=r"NNX Module instance, got 3 of type int"):
+    nnx_paths.name_nnx_modules(3)

@@ -454,7 +454,7 @@ def test_trace_difference_compares_captured_constants():
 
 
 def test_residual_origins_carry_the_step_variable_holding_each(remat_mode):
-  program = importlib.import_module("remat_toolkit._src.analysis").TracedProgram(
+  program = importlib.import_module("remat_toolkit._src.trace").TracedProgram(
       loss, (W, X))
   for name in ("boundary-only", "save-ffn", "save-everything"):
     step = program.step(rt.get_policy(name))

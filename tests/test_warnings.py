@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import analysis
 from remat_toolkit._src import cli
+from remat_toolkit._src import findings
+from remat_toolkit._src import lowering
 
 S = jax.ShapeDtypeStruct
 W = S((4, 4), jnp.float32)
@@ -299,7 +300,7 @@ def test_repr_raises_nothing_more():
 
 
 def test_quiet_warnings_keeps_them_on_the_result():
-  with analysis.quiet_warnings():
+  with findings.quiet_warnings():
     report, raised = made(lambda: rt.analyze(no_region, W, X,
                                              policy="save-ffn"))
   assert raised == [] and NO_REGION in report.warnings[0]
@@ -320,3 +321,14 @@ def test_cli_prints_each_warning_once(tmp_path, capsys, monkeypatch):
   out = capsys.readouterr().out
   assert status == 0 and out.count(NO_REGION) == 1
   assert not [w for w in caught if NO_REGION in str(w.message)]
+
+
+def test_the_trace_time_names_warning_has_a_switch():
+  # Results that carry the finding silence the one rt.remat regions raise
+  # when traced; a switch, not a filter on the message's wording.
+  policy = rt.Policy(name="keeps-a-name-nobody-has", save=["nobody.has.this"])
+  with lowering.silence_unmatched_warnings():
+    _, raised = made(lambda: lowering.warn_if_unmatched(policy, ["ffn.up"]))
+  assert raised == []
+  _, raised = made(lambda: lowering.warn_if_unmatched(policy, ["ffn.up"]))
+  assert len(raised) == 1 and "'nobody.has.this'" in raised[0]

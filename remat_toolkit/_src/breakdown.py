@@ -23,7 +23,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 from collections.abc import Callable
 from typing import Any
@@ -32,15 +31,12 @@ import jax
 import numpy as np
 import optax
 
-from remat_toolkit._src import analysis
-from remat_toolkit._src import catalog
-from remat_toolkit._src import context
-from remat_toolkit._src.analysis import TracedProgram
-from remat_toolkit._src.analysis import cpu_scheduler_setting
+from remat_toolkit._src import resolve
+from remat_toolkit._src.findings import warn_once
 from remat_toolkit._src.format import format_bytes
-from remat_toolkit._src.format import html_table
-from remat_toolkit._src.format import text_table
-from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.resolve import PolicyLike
+from remat_toolkit._src.trace import TracedProgram
+from remat_toolkit._src.trace import cpu_scheduler_setting
 
 __all__ = ["Breakdown", "memory_breakdown", "OPTIMIZERS", "resolve_optimizer"]
 
@@ -130,7 +126,7 @@ class Breakdown:
       ``policy`` (only with ``compile=True``).
     xla_note: the backend (and CPU scheduler) that figure was taken with.
     warnings: why the activations may not be the policy's own (see
-      :func:`remat_toolkit._src.analysis.policy_warnings`).
+      :func:`remat_toolkit._src.findings.policy_warnings`).
   """
 
   param_bytes: int
@@ -225,40 +221,23 @@ class Breakdown:
     return [{"category": c, "bytes": b, "share": 100.0 * b / total,
              "note": notes[c]} for c, b in self.categories().items()]
 
-  def _table(self) -> tuple[list[str], list[list[str]]]:
-    body = [[r["category"], format_bytes(r["bytes"]), f"{r['share']:.1f}%",
-             r["note"]] for r in self.rows()]
-    body.append(["total", format_bytes(self.total_bytes), "100.0%",
-                 "before XLA's temporaries"])
-    return ["category", "bytes", "share", "note"], body
-
   def summary_lines(self) -> list[str]:
-    lines = [f"dominant: {self.dominant}",
-             f"activations under {self.policy}: "
-             f"{format_bytes(self.activation_bytes)}, recompute "
-             f"{self.recompute_percent:.1f}% of a no-remat step",
-             f"remat range: boundary-only {format_bytes(self.boundary_only_bytes)}"
-             f" .. save-everything {format_bytes(self.save_everything_bytes)}"]
-    if self.xla_temp_bytes is not None:
-      lines.append(f"XLA temporaries (compiled): {format_bytes(self.xla_temp_bytes)}"
-                   + (f" [{self.xla_note}]" if self.xla_note else ""))
-    lines.extend(f"warning: {w}" for w in self.warnings)
-    return lines
+    """The headline figures and warnings, one line each."""
+    from remat_toolkit._src import display
+    return display.breakdown_summary(self)
 
   def __str__(self) -> str:
-    headers, body = self._table()
-    table = text_table(headers, body, right=[False, True, True, False])
-    return "\n".join([table, "", *self.summary_lines(), "", self.verdict])
+    from remat_toolkit._src import display
+    return display.to_text(self)
 
   def _repr_html_(self) -> str:
-    headers, body = self._table()
-    bold = [row[0] == self.dominant for row in body]
-    table = html_table(headers, body, caption="Memory of one training step",
-                       highlight=bold)
-    lines = "<br>".join(html.escape(line, quote=False)
-                        for line in self.summary_lines())
-    return (f"<div>{table}<p style='font-family:monospace'>{lines}</p>"
-            f"<p>{html.escape(self.verdict, quote=False)}</p></div>")
+    from remat_toolkit._src import display
+    return display.to_html(self)
+
+  def to_dataframe(self):
+    """One row per category (needs pandas)."""
+    from remat_toolkit._src import display
+    return display.to_dataframe(self)
 
   def to_dict(self) -> dict[str, Any]:
     """Plain data: every field, the totals, the dominant category, the verdict."""
@@ -273,19 +252,9 @@ class Breakdown:
     return json.dumps(self.to_dict(), **kwargs)
 
 
-def _resolve(policy: str | Policy | None) -> Policy:
-  if policy is None:
-    return context.current_policy()
-  if not isinstance(policy, (str, Policy)):
-    raise TypeError(
-        f"policy must be a policy name or remat_toolkit.Policy, got {policy!r}; "
-        "e.g. policy='save-attention'.")
-  return catalog.get_policy(policy)
-
-
 def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
                      optimizer: Any = None,
-                     policy: str | Policy | None = None,
+                     policy: PolicyLike = None,
                      compile: bool = False) -> Breakdown:
   """Bytes of parameters, gradients, optimizer state and activations.
 
@@ -301,7 +270,8 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
     optimizer: an optax ``GradientTransformation`` or a name from
       :data:`OPTIMIZERS` (e.g. ``"adamw"``); its state's size comes from
       ``jax.eval_shape(optimizer.init, params)``.
-    policy: a name or :class:`Policy`; default: the ambient policy.
+    policy: a name, a :class:`Policy`, a raw ``jax.checkpoint_policies``
+      policy, or None for the ambient policy.
     compile: also compile ``jit(grad(fn))`` for XLA's temporary bytes (slow).
 
   Returns:
@@ -309,15 +279,32 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
     ``UserWarning``, are those of :func:`remat_toolkit.analyze`).
 
   Raises:
-    ValueError: unknown policy or optimizer name, non-scalar loss.
-    TypeError: a non-array argument, an optimizer without ``init``.
+    ValueError: unknown policy or optimizer name, an offloading policy this
+      JAX cannot run now (under ``jax_remat3``), non-scalar loss.
+    TypeError: a policy of the wrong type, a non-array argument, an
+      optimizer without ``init``.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> @rt.remat
+    ... def layer(w, x):
+    ...   return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+    >>> loss = lambda w, x: layer(w, x).sum()
+    >>> w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    >>> x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    >>> b = rt.memory_breakdown(loss, w, x, optimizer="sgd", policy="save-ffn")
+    >>> b.param_bytes, b.activation_bytes, b.boundary_only_bytes
+    (256, 128, 0)
   """
-  resolved = _resolve(policy)
+  resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   opt, opt_name = (None, None) if optimizer is None else resolve_optimizer(optimizer)
   program = TracedProgram(fn, (params, *batch))
   report = program.report(resolved, compile=compile)
-  extremes = {n: program.report(catalog.get_policy(n)).activation_bytes
-              for n in ("boundary-only", "save-everything")}
+  # The range remat spans is the built-in constants', whatever the
+  # catalogue holds under their names.
+  least = program.report(resolve.BOUNDARY_ONLY).activation_bytes
+  most = program.report(resolve.SAVE_EVERYTHING).activation_bytes
   opt_bytes = 0
   if opt is not None:
     abstract = jax.tree_util.tree_map(
@@ -336,11 +323,11 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
       activation_bytes=report.activation_bytes,
       offloaded_bytes=report.offloaded_bytes,
       input_bytes=_tree_bytes(batch),
-      boundary_only_bytes=extremes["boundary-only"],
-      save_everything_bytes=extremes["save-everything"],
+      boundary_only_bytes=least,
+      save_everything_bytes=most,
       recompute_percent=report.recompute_percent,
       policy=resolved.name, optimizer=opt_name,
       remat_regions=program.regions, xla_temp_bytes=xla_temp, xla_note=note,
       warnings=report.warnings)
-  analysis.warn_once(result.warnings)
+  warn_once(result.warnings)
   return result

@@ -17,37 +17,19 @@ from __future__ import annotations
 import difflib
 import os
 import threading
-import tomllib
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from remat_toolkit._src.policy import MATMUL_MODES
-from remat_toolkit._src.policy import MEMORY_KINDS
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.policy import normalize_name
+from remat_toolkit._src.policy_toml import parse_policy_file
+
+# parse_policy_file lives beside the writer in policy_toml; the command line
+# and the tests still reach it as catalog.parse_policy_file.
 
 __all__ = ["get_policy", "list_policies", "load_policies", "POLICY_PATH_ENV",
            "builtin_policy_dir"]
 
 POLICY_PATH_ENV = "REMAT_TOOLKIT_POLICY_PATH"
-
-_FIELDS: dict[str, str] = {
-    "name": "a string",
-    "description": "a string",
-    "aliases": "a list of strings",
-    "save": "a list of checkpoint names or glob patterns",
-    "offload": "a list of checkpoint names or glob patterns",
-    "matmuls": f"one of {sorted(MATMUL_MODES)}",
-    "offload_src": f"one of {list(MEMORY_KINDS)}",
-    "offload_dst": f"one of {list(MEMORY_KINDS)}",
-    "save_everything": "true or false",
-}
-_TYPES: dict[str, type] = {
-    "name": str, "description": str, "aliases": list, "save": list,
-    "offload": list, "matmuls": str, "offload_src": str, "offload_dst": str,
-    "save_everything": bool,
-}
 
 
 def builtin_policy_dir() -> Path:
@@ -251,43 +233,3 @@ def _read_path(path: Path, origin: str | None = None) -> list[tuple[Policy, str]
             "each name and alias must be unique.")
       seen[key] = source
   return items
-
-
-def parse_policy_file(path: str | os.PathLike) -> Policy:
-  """Reads one policy from a TOML file, validating every key.
-
-  Raises:
-    ValueError: naming the file, the key and what was expected.
-  """
-  path = Path(path)
-  try:
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-  except tomllib.TOMLDecodeError as e:
-    raise ValueError(f"{path}: not valid TOML ({e}).") from None
-  except UnicodeDecodeError as e:
-    raise ValueError(f"{path}: not a UTF-8 text file ({e}).") from None
-  return policy_from_mapping(data, source=str(path))
-
-
-def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy"
-                        ) -> Policy:
-  """Builds a :class:`Policy` from parsed TOML, with errors naming ``source``."""
-  unknown = sorted(set(data) - set(_FIELDS))
-  if unknown:
-    raise ValueError(
-        f"{source}: unknown key(s) {unknown}; a policy file may contain "
-        f"{', '.join(_FIELDS)}.")
-  if "name" not in data:
-    raise ValueError(f"{source}: missing key 'name' (expected {_FIELDS['name']}).")
-  for key, value in data.items():
-    if not isinstance(value, _TYPES[key]):
-      raise ValueError(
-          f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
-    if _TYPES[key] is list and not all(isinstance(v, str) for v in value):
-      raise ValueError(
-          f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
-  try:
-    return Policy(**{k: tuple(v) if isinstance(v, list) else v
-                     for k, v in data.items()})
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{source}: {e}") from None

@@ -38,7 +38,9 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
   model can be compared under many policies without editing it.
 
   Args:
-    policy: a policy name, a :class:`Policy` or a raw JAX policy.
+    policy: a policy name, a :class:`Policy` or a raw JAX policy (what every
+      ``policy=`` accepts, except None: the ambient policy is what this
+      sets).
 
   Yields:
     The resolved :class:`Policy`.
@@ -46,6 +48,14 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
   Raises:
     ValueError: for an unknown name (before the block runs).
     TypeError: for anything else (None included).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> f = rt.remat(lambda x: jnp.sin(rt.tag(jnp.sin(x), "ffn.up")))
+    >>> with rt.use_policy("save-ffn") as policy:
+    ...   policy.name, float(jax.grad(f)(0.0))
+    ('save-ffn', 1.0)
   """
   if policy is None:
     raise TypeError("use_policy takes a policy name, a remat_toolkit.Policy or "
@@ -60,5 +70,19 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
 
 
 def current_policy() -> Policy:
-  """The ambient policy (``boundary-only`` unless ``use_policy`` set one)."""
+  """The ambient policy (``boundary-only`` unless ``use_policy`` set one).
+
+  Regions built with ``policy=None`` lower this policy when they are traced.
+
+  Returns:
+    The :class:`Policy` of the innermost active :func:`use_policy` block, or
+    the catalogue's ``boundary-only``.
+
+  Example:
+    >>> import jax
+    >>> import remat_toolkit as rt
+    >>> with rt.use_policy(jax.checkpoint_policies.dots_saveable):
+    ...   rt.current_policy().is_jax_policy
+    True
+  """
   return _ambient.get() or catalog.get_policy(DEFAULT_POLICY)

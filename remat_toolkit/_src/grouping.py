@@ -24,7 +24,8 @@ Example:
   >>> f = lambda x: rt.remat_chain(layers, x, group=2).sum()
   >>> jax.grad(f)(jnp.ones(3)).shape
   (3,)
-  >>> rt.grouping.group_size("sqrt", 24)
+  >>> from remat_toolkit._src.grouping import group_size
+  >>> group_size("sqrt", 24)
   4
 """
 
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
+from remat_toolkit._src import transform
 from remat_toolkit._src.resolve import PolicyLike
 
 __all__ = ["remat_chain", "scan_layers", "nnx_scan_layers", "group_size"]
@@ -167,8 +169,6 @@ def _linen_owner(chunk: Sequence[Any]) -> Any:
 def _chunk_region(chunk: tuple[Any, ...], kind: str, index: int,
                   policy: PolicyLike, prevent_cse: bool, where: str
                   ) -> Callable[..., Any]:
-  from remat_toolkit._src.transform import remat_region
-
   if kind == "linen":
     def linen_group(owner, layers, x, **kwargs):
       del owner  # lifted so that the layers' variables and rngs are too
@@ -179,7 +179,8 @@ def _chunk_region(chunk: tuple[Any, ...], kind: str, index: int,
   else:
     def fn(layers, x, **kwargs):
       return _apply(layers, x, kwargs)
-  return remat_region(fn, policy=policy, prevent_cse=prevent_cse, where=where)
+  return transform.remat_region(fn, policy=policy, prevent_cse=prevent_cse,
+                               where=where)
 
 
 def remat_chain(layers: Sequence[Callable[..., Any]], x: Any, *,
@@ -229,6 +230,7 @@ def remat_chain(layers: Sequence[Callable[..., Any]], x: Any, *,
     >>> Stack().apply(params, x).shape
     (2, 3)
   """
+  transform.validate_policy(policy, "remat_chain")
   layers = _check_layers(layers)
   size = group_size(group, len(layers))
   kind = _chain_kind(layers)
@@ -343,14 +345,14 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
     raise TypeError(
         f"scan_layers takes a linen or NNX Module class, got {block_cls!r}; "
         "pass the class itself (Block), not an instance (Block(...)).")
+  transform.validate_policy(policy, f"scan_layers({block_cls.__name__})")
   length = _check_length(length)
   size = group_size(group, length, exact=True)
   region = _carry_step(block_cls)
   if size > 1:
     region = _linen_scan(region, size)
   if remat:
-    from remat_toolkit._src.transform import remat as rt_remat
-    region = rt_remat(region, policy, prevent_cse=False)
+    region = transform.remat(region, policy, prevent_cse=False)
   scanned = _linen_scan(region, length // size)
 
   def __call__(self, x, *args):
@@ -457,13 +459,12 @@ def nnx_scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
     raise TypeError(
         f"nnx_scan_layers takes an NNX Module class, got {block_cls!r}; "
         "for linen modules use scan_layers.")
+  # An unknown name fails now, not at trace time.
+  transform.validate_policy(policy, f"nnx_scan_layers({block_cls.__name__})")
   length = _check_length(length)
   size = group_size(group, length, exact=True)
   spec = _NNXScanSpec(block_cls=block_cls, length=length, size=size,
                       policy=policy, remat=bool(remat))
-  if remat and policy is not None:
-    from remat_toolkit._src import resolve
-    resolve.resolve_policy(policy)  # an unknown name fails now, not at trace time
   return _make_nnx_stack_class(spec)
 
 
@@ -490,8 +491,6 @@ def _make_nnx_stack_class(spec: _NNXScanSpec) -> type:
 
 def _nnx_scan_call(spec: _NNXScanSpec, blocks: Any, x: Any,
                    args: tuple[Any, ...]) -> Any:
-  from remat_toolkit._src.transform import remat_region
-
   def one_block(block, carry):
     return block(carry, *args)
 
@@ -501,7 +500,7 @@ def _nnx_scan_call(spec: _NNXScanSpec, blocks: Any, x: Any,
     def region(group_blocks, carry):
       return _nnx_scan_apply(one_block, group_blocks, carry)
   if spec.remat:
-    region = remat_region(
+    region = transform.remat_region(
         region, policy=spec.policy, prevent_cse=False,
         where=f"scanned {spec.block_cls.__name__} region")
   return _nnx_scan_apply(region, blocks, x)

@@ -31,10 +31,12 @@ from remat_toolkit._src import resolve
 from remat_toolkit._src.resolve import PolicyLike
 
 __all__ = ["region_jax_policy", "substitute_ambient", "ambient_substituted",
-           "warn_if_unmatched"]
+           "warn_if_unmatched", "silence_unmatched_warnings"]
 
 _substitute: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "remat_toolkit_ambient_substitute", default=None)
+_silenced: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "remat_toolkit_unmatched_warnings_silenced", default=False)
 _warned: set[tuple[str, frozenset[str]]] = set()
 
 
@@ -83,7 +85,7 @@ def warn_if_unmatched(policy: PolicyLike, names: Iterable[str],
   A policy whose names are all absent from a region keeps nothing: a silent
   no-op is the failure users hit most.
   """
-  if policy is None and ambient_substituted():
+  if _silenced.get() or (policy is None and ambient_substituted()):
     return
   resolved = resolve.resolve_policy(policy)
   present = frozenset(names)
@@ -99,3 +101,18 @@ def warn_if_unmatched(policy: PolicyLike, names: Iterable[str],
       f"{sorted(present) if present else 'no checkpoint names'}; the region "
       "will keep only its inputs. Tag tensors with remat_toolkit.tag(x, name) "
       "or choose a policy whose names exist.", UserWarning, stacklevel=3)
+
+
+@contextlib.contextmanager
+def silence_unmatched_warnings(active: bool = True) -> Iterator[None]:
+  """:func:`warn_if_unmatched` says nothing inside (when ``active``).
+
+  For entry points whose result already carries the same finding (see
+  :func:`remat_toolkit._src.findings.unmatched_names_warning`), so that it
+  is raised once, not again each time a region is traced.
+  """
+  token = _silenced.set(bool(active) or _silenced.get())
+  try:
+    yield
+  finally:
+    _silenced.reset(token)

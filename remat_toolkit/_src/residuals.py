@@ -1,5 +1,11 @@
 """Residual accounting: the training step under a policy, and what it keeps.
 
+This is where a residual's bytes are counted: :func:`aval_nbytes` (every
+scan iteration of a stacked residual included) is the one place, used by the
+analyzer's reports (:mod:`remat_toolkit._src.trace`) and the tests alike;
+the per-device share of a sharded program is in
+:mod:`remat_toolkit._src.sharding`.
+
 :func:`trace_training_step` traces ``jax.vjp`` of a program and measures its
 backward pass; :func:`residual_origins` says, for each residual, where it was
 made, under which name, how many bytes and in which memory, and which

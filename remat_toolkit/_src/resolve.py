@@ -109,10 +109,12 @@ def resolve_policies(policies: Sequence[PolicyLike] | None, *,
                      f"{argument}=['save-attention'].")
   unique: dict[str, Policy] = {}
   for item in items:
-    if item is None:
-      raise TypeError(f"{argument} holds None; list policies by name, e.g. "
-                      f"{argument}=['boundary-only', 'save-attention'].")
-    resolved = resolve_policy(item, argument=f"each of {argument}")
+    if item is None or not (isinstance(item, (str, Policy)) or callable(item)):
+      raise TypeError(
+          f"{argument} must hold policy names, remat_toolkit.Policy values or "
+          f"jax.checkpoint_policies policies, got {item!r} in {items!r}; e.g. "
+          f"{argument}=['boundary-only', 'save-attention'].")
+    resolved = resolve_policy(item, argument=argument)
     unique.setdefault(resolved.key, resolved)
   return list(unique.values())
 

@@ -9,24 +9,8 @@ rules, the repeated blocks are found from the model's module tree (see
 Inside a region, ``tag_outputs=True`` names the outputs of its submodules by
 their path relative to the region (``attn/query``, ``mlp``), so the built-in
 selective policies, whose patterns include ``*attn/*`` and ``*mlp/*``, work
-on a model that was never tagged.
-
-Example:
-  >>> import jax, jax.numpy as jnp
-  >>> import flax.linen as nn
-  >>> import remat_toolkit as rt
-  >>> class Block(nn.Module):
-  ...   @nn.compact
-  ...   def __call__(self, x):
-  ...     return nn.Dense(4, name="mlp")(jnp.tanh(x))
-  >>> class Model(nn.Module):
-  ...   @nn.compact
-  ...   def __call__(self, x):
-  ...     return Block()(Block()(x))
-  >>> model = rt.remat_modules(Model(), {"Block": "save-ffn"})
-  >>> variables = model.init(jax.random.key(0), jnp.ones((2, 4)))
-  >>> sorted(variables["params"])
-  ['Block_0', 'Block_1']
+on a model that was never tagged. Block discovery and :class:`RematSummary`
+are in :mod:`~remat_toolkit._src.discovery`.
 """
 
 from __future__ import annotations
@@ -36,7 +20,6 @@ import contextvars
 import dataclasses
 import fnmatch
 import functools
-import re
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -46,10 +29,15 @@ from typing import Any
 import jax
 
 from remat_toolkit._src import compat as compat
+from remat_toolkit._src import discovery
+from remat_toolkit._src import nnx_paths
 from remat_toolkit._src import tags
 from remat_toolkit._src import transform
+from remat_toolkit._src.discovery import Path
+from remat_toolkit._src.discovery import RematSummary
+from remat_toolkit._src.resolve import PolicyLike
 
-__all__ = ["RematSummary", "remat_modules", "remat_summary"]
+__all__ = ["remat_modules", "remat_summary"]
 
 
 # ---------------------------------------------------------------- rules
@@ -90,7 +78,7 @@ def _validate_rules(rules: Any) -> _Rules:
       raise TypeError(
           f"rule keys must be module class names or module-path globs "
           f"(non-empty strings), got {pattern!r}; e.g. 'Block' or 'Block_*'.")
-    transform._validate_policy(policy, f"rule {pattern!r}")
+    transform.validate_policy(policy, f"rule {pattern!r}")
     items.append((pattern, policy))
   return _Rules(tuple(items))
 
@@ -122,158 +110,6 @@ def _tag_tree(tree: Any, name: str) -> Any:
 
 def _region_name(path: str, class_name: str) -> str:
   return f"module {path or '<root>'} ({class_name})"
-
-
-# ---------------------------------------------------------------- discovery
-
-# A module name ending in an index: HF's ``h/0``, Flax's auto-names
-# ``Block_1``, user names ``layers_3`` or ``block2``.
-_INDEXED = re.compile(r"(.*?)_?(\d+)")
-
-_Path = tuple[str, ...]
-
-
-def _find_blocks(modules: Mapping[_Path, str],
-                 callable_paths: set[_Path] | None = None) -> list[_Path]:
-  """The paths of a model's repeated blocks, in the order of ``modules``.
-
-  A stack is two or more sibling modules with one name stem and consecutive
-  indices (``h/0``, ``h/1``; ``layers_0``, ``layers_1``) that each contain
-  submodules: a Dense repeats too, but a region around one layer only moves
-  its input. A stack inside a member of another stack (the experts of a
-  block, T5's sub-layers ``layer/0``, ``layer/1``) is left out, as regions do
-  not nest; every outermost stack counts, so both the encoder and the
-  decoder stack of a seq2seq model become regions.
-
-  Args:
-    modules: module class name by path, in call (or graph) order.
-    callable_paths: the modules a region can wrap (linen: those called
-      through ``__call__``); None: all.
-  """
-  parents = {path[:k] for path in modules for k in range(len(path))}
-  stacks: dict[tuple[_Path, str], dict[int, _Path]] = {}
-  for path in modules:
-    if not path or path not in parents:
-      continue
-    if callable_paths is not None and path not in callable_paths:
-      continue
-    match = _INDEXED.fullmatch(path[-1])
-    if match:
-      stacks.setdefault((path[:-1], match.group(1)), {})[
-          int(match.group(2))] = path
-  found: list[_Path] = []
-  # Shallowest first, so that a stack nested in a chosen one is seen after it.
-  for (parent, _), members in sorted(stacks.items(),
-                                     key=lambda item: len(item[0][0])):
-    indices = sorted(members)
-    if len(indices) < 2 or indices[-1] - indices[0] != len(indices) - 1:
-      continue
-    if any(parent[:len(block)] == block for block in found):
-      continue
-    found.extend(members[i] for i in indices)
-  order = {path: i for i, path in enumerate(modules)}
-  return sorted(found, key=order.__getitem__)
-
-
-def _report_no_blocks(model_name: str, modules: Mapping[_Path, str],
-                      strict: bool, stacklevel: int) -> None:
-  """Warns (or raises) that discovery found nothing; names what to pass."""
-  parents = {path[:k] for path in modules for k in range(len(path))}
-  composite = sorted({cls for path, cls in modules.items()
-                      if path and path in parents})
-  example = composite[0] if composite else "MyBlock"
-  listed = (f"its submodule classes that contain modules are {composite[:20]}"
-            if composite else "none of its submodules contains modules")
-  message = (
-      f"remat_modules found no repeated blocks in {model_name}: no module kind "
-      f"with submodules repeats under indexed sibling names (h/0, h/1 or "
-      f"layers_0, layers_1), so no remat region was made. Pass rules naming "
-      f"the block class or path, e.g. rt.remat_modules(model, "
-      f"{{{example!r}: None}}); {listed}.")
-  if strict:
-    raise ValueError(message)
-  warnings.warn(message, UserWarning, stacklevel=stacklevel)
-
-
-def _abbreviate(regions: tuple[str, ...]) -> str:
-  """``h/0, h/1`` as is; a run of three or more indexed siblings as
-  ``h/0 .. h/11``."""
-  runs: list[list[str]] = []
-  previous = None
-  for region in regions:
-    parent, _, name = region.rpartition("/")
-    match = _INDEXED.fullmatch(name)
-    key = (parent, match.group(1), int(match.group(2))) if match else None
-    if (key and previous and key[:2] == previous[:2]
-        and key[2] == previous[2] + 1):
-      runs[-1].append(region)
-    else:
-      runs.append([region])
-    previous = key
-  return ", ".join(run[0] + " .. " + run[-1] if len(run) > 2
-                   else ", ".join(run) for run in runs)
-
-
-@dataclasses.dataclass(frozen=True)
-class RematSummary:
-  """What :func:`remat_modules` made remat regions of; ``print`` it.
-
-  Attributes:
-    model: the model's class name.
-    auto: True when the blocks were found automatically (no rules given).
-    classes: the class names of the region modules, in order of first region.
-    regions: the module path of each region (``transformer/h/0``), in call
-      order (linen) or graph order (NNX).
-    ran: False for a linen model that has not run yet: its submodules, and so
-      its regions, are known at its first ``init`` / ``apply``.
-  """
-
-  model: str
-  auto: bool
-  classes: tuple[str, ...] = ()
-  regions: tuple[str, ...] = ()
-  ran: bool = True
-
-  def __str__(self) -> str:
-    if not self.ran:
-      return (f"remat_modules has not chosen regions of {self.model} yet: a "
-              f"linen model's submodules are known when it runs; call its "
-              f"init or apply first.")
-    if not self.regions:
-      if self.auto:
-        return (f"remat_modules found no repeated blocks in {self.model}: no "
-                f"remat regions. Pass rules, e.g. "
-                f"rt.remat_modules(model, {{'MyBlock': None}}).")
-      return (f"remat_modules rules matched no module of {self.model}: no "
-              f"remat regions.")
-    verb = "chose" if self.auto else "rules matched"
-    count = len(self.regions)
-    return (f"remat_modules {verb} {', '.join(self.classes)} ({count} "
-            f"region{'' if count == 1 else 's'}: "
-            f"{_abbreviate(self.regions)})")
-
-
-def _summary(model_name: str, auto: bool,
-             regions: Mapping[str, str]) -> RematSummary:
-  """Regions listed stack by stack (in order of first use), each stack by
-  index: ``Block()(Block()(x))`` calls ``Block_1`` first."""
-  stacks: dict[tuple[str, str], int] = {}
-  keys = {}
-  for path in regions:
-    parts = path.split("/") if path else []
-    key = []
-    for depth, name in enumerate(parts):
-      match = _INDEXED.fullmatch(name)
-      stem, index = (match.group(1), int(match.group(2))) if match else (
-          name, 0)
-      stack = ("/".join(parts[:depth]), stem)
-      key.append((stacks.setdefault(stack, len(stacks)), index))
-    keys[path] = tuple(key)
-  ordered = sorted(regions, key=keys.__getitem__)
-  return RematSummary(
-      model=model_name, auto=auto,
-      classes=tuple(dict.fromkeys(regions[path] for path in ordered)),
-      regions=tuple(path or "<root>" for path in ordered))
 
 
 # ---------------------------------------------------------------- linen
@@ -343,14 +179,14 @@ def _linen_interceptor(rules: _Rules, tag_outputs: bool):
 
 
 def _open_region(state: _LinenCall, module: Any, path: tuple[str, ...],
-                 policy: Any, args: tuple, kwargs: dict) -> Any:
+                 policy: PolicyLike, args: tuple, kwargs: dict) -> Any:
   """Calls ``module`` through a lifted remat; its clone re-enters the
   interceptor, which then runs the body with the region active."""
   call = type(module).__call__
   where = _region_name("/".join(path), type(module).__name__)
-  spec = transform._spec_for(call, policy, True, (), where, method=True)
+  spec = transform.region_spec(call, policy, True, (), where, method=True)
   lifted = compat.linen_decorator_lift_transform(
-      transform._linen_transform, call, spec=spec)
+      transform.linen_transform, call, spec=spec)
   state.entering = path
   try:
     return lifted(module, *args, **kwargs)
@@ -378,19 +214,20 @@ def _linen_rules_active(rules: _Rules, model: _LinenModel) -> Iterator[None]:
       yield
   finally:
     _linen_call.reset(token)
-  model.summary = _summary(model.name, model.rules is None, state.regions)
+  model.summary = discovery.summarize(model.name, model.rules is None,
+                                      state.regions)
   # Raised from the user's init/apply call: contextlib and the wrapper between.
   _report_unmatched(rules, state.matched, state.seen, model.strict,
                     stacklevel=6)
 
 
 def _record_linen(module: Any, entry: Any, args: tuple, kwargs: dict
-                  ) -> tuple[dict[_Path, str], set[_Path]]:
+                  ) -> tuple[dict[Path, str], set[Path]]:
   """Every module the entry call reaches, by path, from one abstract trace
   (``jax.eval_shape``: nothing is computed or allocated)."""
   from flax import linen as nn
-  seen: dict[_Path, str] = {}
-  called: set[_Path] = set()
+  seen: dict[Path, str] = {}
+  called: set[Path] = set()
 
   def recorder(next_fun, a, k, ctx):
     if ctx.module.scope is not None:
@@ -429,11 +266,11 @@ def _discover_linen(model: _LinenModel, module: Any, entry: Any, args: tuple,
     key = id(key)
   if key not in model.found:
     seen, called = _record_linen(module, entry, args, kwargs)
-    blocks = _find_blocks(seen, called)
+    blocks = discovery.find_blocks(seen, called)
     if not blocks:
       model.summary = RematSummary(model=model.name, auto=True)
       # Raised from the user's init/apply call: the wrapper is between.
-      _report_no_blocks(model.name, seen, model.strict, stacklevel=4)
+      discovery.report_no_blocks(model.name, seen, model.strict, stacklevel=4)
     model.found[key] = _Rules(tuple(("/".join(p), None) for p in blocks),
                               exact=True) if blocks else None
   return model.found[key]
@@ -494,12 +331,12 @@ def _remember_nnx(model: Any, summary: RematSummary) -> None:
   _nnx_summaries[id(model)] = (weakref.ref(model), summary)
 
 
-def _nnx_region_class(cls: type, where: str, policy: Any) -> type:
+def _nnx_region_class(cls: type, where: str, policy: PolicyLike) -> type:
   key = (cls, "region", where, policy)
   if key not in _nnx_classes:
-    spec = transform._spec_for(cls.__call__, policy, True, (), where,
+    spec = transform.region_spec(cls.__call__, policy, True, (), where,
                                method=True)
-    call = transform._region_from_spec(cls.__call__, spec)
+    call = transform.region_from_spec(cls.__call__, spec)
     _nnx_classes[key] = type(cls.__name__, (cls,), {
         "__call__": call, "__module__": cls.__module__,
         "__qualname__": cls.__qualname__})
@@ -532,11 +369,11 @@ def _nnx_with_rules(model: Any, rules: _Rules | None, tag_outputs: bool,
   regions: list[tuple[tuple[str, ...], Any, Any]] = []
   if rules is None:
     by_path = dict(modules)
-    blocks = _find_blocks({path: type(node).__name__ for path, node in modules})
+    classes = {path: type(node).__name__ for path, node in modules}
+    blocks = discovery.find_blocks(classes)
     if not blocks:
-      _report_no_blocks(type(model).__name__,
-                        {path: type(node).__name__ for path, node in modules},
-                        strict, stacklevel=4)
+      discovery.report_no_blocks(type(model).__name__, classes, strict,
+                                 stacklevel=4)
     regions = [(path, by_path[path], None) for path in blocks]
   else:
     matched: set[str] = set()
@@ -558,9 +395,9 @@ def _nnx_with_rules(model: Any, rules: _Rules | None, tag_outputs: bool,
     where = _region_name("/".join(region_path), type(region_node).__name__)
     region_node.__class__ = _nnx_region_class(type(region_node), where, policy)
   # NNX pushes no module scopes; this names values by module path, as linen.
-  transform.name_nnx_modules(model)
+  nnx_paths.name_nnx_modules(model)
   order = {path: i for i, (path, _) in enumerate(modules)}
-  _remember_nnx(model, _summary(
+  _remember_nnx(model, discovery.summarize(
       type(model).__name__, rules is None,
       {"/".join(path): type(node).__name__
        for path, node, _ in sorted(regions, key=lambda r: order[r[0]])}))
@@ -569,7 +406,7 @@ def _nnx_with_rules(model: Any, rules: _Rules | None, tag_outputs: bool,
 
 # ---------------------------------------------------------------- public API
 
-def remat_modules(model: Any, rules: Mapping[str, Any] | None = None, *,
+def remat_modules(model: Any, rules: Mapping[str, PolicyLike] | None = None, *,
                   tag_outputs: bool = True, strict: bool = False) -> Any:
   """Makes every module matched by ``rules``, or every repeated block, one
   remat region.
@@ -665,6 +502,23 @@ def remat_summary(model: Any) -> RematSummary:
   Raises:
     TypeError: if ``model`` did not come from :func:`remat_modules` (for NNX,
       a copy made later by ``nnx.clone`` or ``nnx.merge`` has none either).
+
+  Example:
+    >>> from flax import nnx
+    >>> import remat_toolkit as rt
+    >>> class Block(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.mlp = nnx.Linear(4, 4, rngs=rngs)
+    ...   def __call__(self, x):
+    ...     return self.mlp(x)
+    >>> class Model(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.first, self.second = Block(rngs), Block(rngs)
+    ...   def __call__(self, x):
+    ...     return self.second(self.first(x))
+    >>> model = rt.remat_modules(Model(nnx.Rngs(0)), {"Block": "save-ffn"})
+    >>> print(rt.remat_summary(model))
+    remat_modules rules matched Block (2 regions: first, second)
   """
   state = getattr(type(model), "_remat_toolkit_model", None)
   if isinstance(state, _LinenModel):

@@ -27,7 +27,7 @@ from typing import Any
 
 from remat_toolkit._src import residuals as _residuals
 
-__all__ = ["device_count", "per_device_activation_bytes", "shard_nbytes"]
+__all__ = ["device_count", "activation_bytes_per_device", "shard_nbytes"]
 
 
 def device_count(leaves: Sequence[Any]) -> int:
@@ -53,10 +53,13 @@ def shard_nbytes(shape: Sequence[int], dtype: Any, sharding: Any) -> int:
   return int(math.prod(local)) * _residuals.dtype_itemsize(dtype)
 
 
-def per_device_activation_bytes(residuals: Sequence[Any], leaves: Sequence[Any],
+def activation_bytes_per_device(residuals: Sequence[Any], leaves: Sequence[Any],
                                 step: _residuals.TracedStep
                                 ) -> tuple[int, int | None]:
   """``(devices, bytes)``: device activation bytes held by one device.
+
+  Named after :attr:`ResidualReport.activation_bytes_per_device`, which
+  reads the figure this computes.
 
   Args:
     residuals: the report's residuals, in :func:`residual_origins` order.

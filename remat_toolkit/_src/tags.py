@@ -9,7 +9,7 @@ Example:
   >>> import jax.numpy as jnp
   >>> import remat_toolkit as rt
   >>> y = rt.tag(jnp.ones(3), "ffn.up")
-  >>> "ffn.up" in rt.VOCABULARY
+  >>> "ffn.up" in rt.names.VOCABULARY
   True
 """
 
@@ -86,7 +86,7 @@ def tag(x: Any, name: str) -> Any:
   if not isinstance(name, str) or not name:
     raise TypeError(
         f"tag name must be a non-empty string, got {name!r}; "
-        "use one of remat_toolkit.VOCABULARY, e.g. 'ffn.up'.")
+        "use one of remat_toolkit.names.VOCABULARY, e.g. 'ffn.up'.")
   with _seen_lock:
     _seen_names.add(name)
   return checkpoint_name(x, name)

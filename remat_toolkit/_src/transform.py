@@ -11,7 +11,9 @@ patterns is traced once with ``jax.make_jaxpr`` (model code runs once), its
 names are read off the jaxpr, and the jaxpr is replayed inside a single
 ``jax.checkpoint`` with the lowered policy. Regions whose policy has no
 patterns, and every region while the analyzer overrides ambient regions, go
-straight to ``jax.checkpoint``.
+straight to ``jax.checkpoint``. A plain function's trace is kept per call
+signature (:mod:`~remat_toolkit._src.trace_cache`); NNX regions name their
+modules by path (:mod:`~remat_toolkit._src.nnx_paths`).
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -26,13 +28,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
-from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,12 +39,13 @@ import jax
 import numpy as np
 
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import context
-from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import lowering
+from remat_toolkit._src import nnx_paths
 from remat_toolkit._src import resolve
 from remat_toolkit._src import tags
-from remat_toolkit._src.policy import Policy
+from remat_toolkit._src import trace_cache
+from remat_toolkit._src.resolve import PolicyLike
+from remat_toolkit._src.trace_cache import is_array
 
 __all__ = ["remat", "remat_region"]
 
@@ -53,27 +53,28 @@ __all__ = ["remat", "remat_region"]
 # ---------------------------------------------------------------- settings
 
 @dataclasses.dataclass(frozen=True)
-class _RegionSpec:
+class RegionSpec:
   """What one region needs at trace time, fixed when it is declared."""
 
-  policy: Any
+  policy: PolicyLike
   prevent_cse: bool
   static_argnums: tuple[int, ...]
   static_argnames: tuple[str, ...]
   where: str
 
 
-def _validate_policy(policy: Any, where: str) -> None:
-  """Fails at declaration for a bad policy; resolution waits for tracing."""
+def validate_policy(policy: PolicyLike, where: str) -> None:
+  """Fails at declaration for a bad policy; resolution waits for tracing.
+
+  The resolver's own messages, the TypeError prefixed by ``where`` (a rule
+  or a region among many); None (the ambient policy) is always valid.
+  """
   if policy is None:
     return
-  if isinstance(policy, (str, Policy)) or callable(policy):
+  try:
     resolve.resolve_policy(policy)  # unknown name -> ValueError with suggestions
-    return
-  raise TypeError(
-      f"policy for {where} must be a policy name, a remat_toolkit.Policy, a "
-      f"jax.checkpoint_policies policy or None, got {policy!r}; e.g. "
-      "policy='save-attention'.")
+  except TypeError as error:
+    raise TypeError(f"{where}: {error}") from None
 
 
 def _normalize_static_argnums(static_argnums: int | Sequence[int], where: str
@@ -102,16 +103,12 @@ def _normalize_static_argnums(static_argnums: int | Sequence[int], where: str
 
 # ---------------------------------------------------------------- arguments
 
-def _is_array(x: Any) -> bool:
-  return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
-
 def _require_hashable(value: Any, label: str, where: str) -> None:
   try:
     hash(value)
   except TypeError:
     fix = ("pass it as a traced argument (drop it from static_argnums)"
-           if _is_array(value) else
+           if is_array(value) else
            "pass a hashable value (a tuple instead of a list, a frozen "
            "dataclass), or drop it from static_argnums to trace it")
     raise TypeError(
@@ -123,7 +120,7 @@ def _require_hashable(value: Any, label: str, where: str) -> None:
 _Rebuild = Callable[[list[Any]], tuple[tuple, dict]]
 
 
-def _split_static(spec: _RegionSpec, args: tuple, kwargs: dict
+def _split_static(spec: RegionSpec, args: tuple, kwargs: dict
                   ) -> tuple[list[Any], _Rebuild]:
   """Splits a call into traced array leaves and a function that rebuilds it.
 
@@ -144,7 +141,7 @@ def _split_static(spec: _RegionSpec, args: tuple, kwargs: dict
   traced_kwargs = {k: None if k in whole_static_kw else v
                    for k, v in kwargs.items()}
   leaves, treedef = jax.tree_util.tree_flatten((traced_args, traced_kwargs))
-  is_dyn = [_is_array(leaf) for leaf in leaves]
+  is_dyn = [is_array(leaf) for leaf in leaves]
   dynamic = [leaf for leaf, d in zip(leaves, is_dyn, strict=True) if d]
 
   def rebuild(new_dynamic: list[Any]) -> tuple[tuple, dict]:
@@ -161,7 +158,7 @@ def _split_static(spec: _RegionSpec, args: tuple, kwargs: dict
 
 # ---------------------------------------------------------------- the region
 
-def _names_decide_policy(policy: Any) -> bool:
+def _names_decide_policy(policy: PolicyLike) -> bool:
   """Whether this region's lowering (or its warning) depends on its names."""
   if policy is None and lowering.ambient_substituted():
     # The analyzer gives regions that read the ambient policy one policy per
@@ -169,17 +166,29 @@ def _names_decide_policy(policy: Any) -> bool:
     # its patterns would expand against the names tagged so far in the
     # process, which the first trace has not seen yet.
     return False
-  resolved = resolve.resolve_policy(policy if policy is not None
-                             else context.current_policy())
-  return isinstance(resolved, Policy) and bool(resolved.patterns)
+  resolved = resolve.resolve_policy(policy)  # None: the ambient one
+  # A policy of JAX's own is used as given: it has no patterns to expand.
+  return not resolved.is_jax_policy and bool(resolved.patterns)
 
 
-def _checkpoint_pure(pure: Callable[..., Any], spec: _RegionSpec,
+def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
+                       inputs: tuple) -> Any:
+  """Replays a traced region inside one ``jax.checkpoint``, its policy
+  lowered against the names the trace contains."""
+  if _names_decide_policy(spec.policy):
+    lowering.warn_if_unmatched(spec.policy, traced.names, spec.where)
+  jax_policy = lowering.region_jax_policy(spec.policy, traced.names)
+  return jax.checkpoint(traced.replay(), policy=jax_policy,
+                        prevent_cse=spec.prevent_cse)(*inputs)
+
+
+def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
                      prefix: tuple, args: tuple, kwargs: dict) -> Any:
   """``pure(*prefix, *args, **kwargs)`` as exactly one remat region.
 
   ``prefix`` holds pytrees of arrays that are always traced (a linen
-  module's variables and rngs, an NNX module's state).
+  module's variables and rngs, an NNX module's state). The body is traced
+  first only when the policy needs the region's names.
   """
   dynamic, rebuild = _split_static(spec, args, kwargs)
 
@@ -188,56 +197,14 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: _RegionSpec,
     return pure(*prefix_, *a, **kw)
 
   inputs = (prefix, dynamic)
-  names = None
   if _names_decide_policy(spec.policy):
-    names, body = _discover(body, inputs)
-    lowering.warn_if_unmatched(spec.policy, names, spec.where)
-  jax_policy = lowering.region_jax_policy(
-      spec.policy, tags.known_names() if names is None else names)
+    return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs)
+  jax_policy = lowering.region_jax_policy(spec.policy, tags.known_names())
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
 
-# ---------------------------------------------------------------- trace cache
-
-_fresh_traces: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "remat_toolkit_fresh_traces", default=False)
-
-
-@contextlib.contextmanager
-def fresh_traces() -> Iterator[None]:
-  """Runs every region's Python again inside the block (no cached traces).
-
-  ``verify`` traces twice this way to see whether a function reads Python
-  state while it is traced.
-  """
-  token = _fresh_traces.set(True)
-  try:
-    yield
-  finally:
-    _fresh_traces.reset(token)
-
-
-def _call_key(spec: _RegionSpec, args: tuple, kwargs: dict) -> Any:
-  """What a region's trace depends on: structure, static values, avals.
-
-  None when a static value cannot be hashed (the call is then traced anew).
-  """
-  leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-  whole = tuple((i, args[i]) for i in spec.static_argnums if i < len(args))
-  whole += tuple((k, kwargs[k]) for k in spec.static_argnames if k in kwargs)
-  parts = tuple(("array", compat.abstractify(x)) if _is_array(x)
-                else ("static", type(x), x) for x in leaves)
-  # The flag changes what a checkpoint name traces to.
-  key = (treedef, whole, parts, compat.remat3_enabled())
-  try:
-    hash(key)
-  except TypeError:
-    return None
-  return key
-
-
-def _checkpoint_cached(fn: Callable[..., Any], spec: _RegionSpec,
+def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
                        cache: dict, args: tuple, kwargs: dict) -> Any:
   """A plain function's region, its Python traced once per call signature.
 
@@ -245,62 +212,24 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: _RegionSpec,
   static arguments re-use the trace; the policy is still decided at each
   call (it is not part of the trace), so ``use_policy`` keeps working.
   """
-  key = None if _fresh_traces.get() else _call_key(spec, args, kwargs)
-  entry = cache.get(key) if key is not None else None
+  key = trace_cache.call_key(args, kwargs, spec.static_argnums,
+                             spec.static_argnames)
   dynamic, rebuild = _split_static(spec, args, kwargs)
-  if entry is None:
-    def body(prefix_, dynamic_):
-      del prefix_
-      a, kw = rebuild(dynamic_)
-      return fn(*a, **kw)
 
-    entry = _trace(body, ((), dynamic))
-    if key is not None and not any(map(compat.is_tracer, entry[0].consts)):
-      cache[key] = entry  # a trace closing over another trace's values is not kept
-  closed, out_tree, names = entry
-  if _names_decide_policy(spec.policy):
-    lowering.warn_if_unmatched(spec.policy, names, spec.where)
-  jax_policy = lowering.region_jax_policy(spec.policy, names)
-  return jax.checkpoint(_replay(closed, out_tree), policy=jax_policy,
-                        prevent_cse=spec.prevent_cse)(((), dynamic))
+  def body(prefix_, dynamic_):
+    del prefix_
+    a, kw = rebuild(dynamic_)
+    return fn(*a, **kw)
 
-
-def _trace(body: Callable[..., Any], inputs: tuple) -> tuple[Any, Any, frozenset]:
-  leaves = jax.tree_util.tree_leaves(inputs)
-  in_tree = jax.tree_util.tree_structure(inputs)
-  closed, out_shape = jax.make_jaxpr(
-      lambda *xs: body(*jax.tree_util.tree_unflatten(in_tree, xs)),
-      return_shape=True)(*leaves)
-  return (closed, jax.tree_util.tree_structure(out_shape),
-          _jaxpr.names_in(closed.jaxpr))
-
-
-def _discover(body: Callable[..., Any], inputs: tuple
-              ) -> tuple[frozenset[str], Callable[..., Any]]:
-  """Traces ``body`` once: its checkpoint names, and a replay of the trace.
-
-  Names come from the jaxpr, so tags made with ``rt.tag`` and with JAX's
-  own ``checkpoint_name`` are both found, inside nested scans too.
-  """
-  closed, out_tree, names = _trace(body, inputs)
-  return names, _replay(closed, out_tree)
-
-
-def _replay(closed: Any, out_tree: Any) -> Callable[..., Any]:
-  """Re-emits a traced region without running the model's Python again."""
-
-  def replayed(*inputs):
-    outs = compat.eval_jaxpr(closed.jaxpr, closed.consts,
-                                *jax.tree_util.tree_leaves(inputs))
-    return jax.tree_util.tree_unflatten(out_tree, outs)
-
-  return replayed
+  inputs = ((), dynamic)
+  traced = trace_cache.cached_trace(cache, key, body, inputs)
+  return _checkpoint_traced(traced, spec, inputs)
 
 
 # -------------------------------------------------------------- linen lifting
 
-def _linen_transform(scope_target: Callable[..., Any], *, spec: _RegionSpec
-                     ) -> Callable[..., Any]:
+def linen_transform(scope_target: Callable[..., Any], *, spec: RegionSpec
+                    ) -> Callable[..., Any]:
   """A lifted remat like ``flax.core.lift.checkpoint``, deciding at trace time.
 
   The module body runs on variables and rngs passed in as values, so the
@@ -322,7 +251,7 @@ def _linen_transform(scope_target: Callable[..., Any], *, spec: _RegionSpec
 # Flax names a lifted class ``transform.__name__.capitalize() + cls.__name__``;
 # "checkpoint" gives nn.remat's names (CheckpointBlock_0), so swapping
 # nn.remat for rt.remat keeps a model's variables.
-_linen_transform.__name__ = "checkpoint"
+linen_transform.__name__ = "checkpoint"
 
 
 def _is_linen_module(x: Any) -> bool:
@@ -333,150 +262,6 @@ def _is_linen_module(x: Any) -> bool:
 def _is_nnx_node(x: Any) -> bool:
   from flax import nnx
   return nnx.graph.is_graph_node(x)
-
-
-# ------------------------------------------------------------ NNX module paths
-#
-# NNX modules do not know where they sit in a model, and unlike linen they
-# push no name scopes, so nothing in a jaxpr says which module made a value.
-# A module whose class is a "scoped" subclass (same name, one per class and
-# path) pushes ``jax.named_scope`` with its attribute path (``layers/0/attn``)
-# around its methods, as linen does. The path lives in the class, and NNX
-# records classes in graph definitions, so it survives ``nnx.split`` /
-# ``nnx.merge`` and the copies NNX transforms (``nnx.scan``) make.
-
-_nnx_module_path: contextvars.ContextVar[tuple[str, ...] | None] = (
-    contextvars.ContextVar("remat_toolkit_nnx_module_path", default=None))
-
-_scoped_classes: dict[tuple[type, tuple[str, ...]], type | None] = {}
-
-
-@contextlib.contextmanager
-def _module_scope(path: tuple[str, ...], method: str | None = None,
-                  root_name: str = "") -> Iterator[None]:
-  """The name scope of a call of module ``path``, relative to its caller's."""
-  current = _nnx_module_path.get()
-  rel = (path[len(current):] if current is not None
-         and path[:len(current)] == current else path)
-  # The model itself is scoped by its class name, as linen's root is; the
-  # analyzer drops that root from every path.
-  label = "/".join(rel) or (root_name if current is None else "")
-  if label and method:
-    label = f"{label}.{method}"  # linen's format: ``embed.attend``
-  token = _nnx_module_path.set(path)
-  try:
-    with jax.named_scope(label) if label else contextlib.nullcontext():
-      yield
-  finally:
-    _nnx_module_path.reset(token)
-
-
-def _unscoped(cls: type) -> type:
-  return cls.__dict__.get("_remat_toolkit_unscoped", cls)
-
-
-def _scoped_path(node: Any) -> tuple[str, ...] | None:
-  return type(node).__dict__.get("_remat_toolkit_path")
-
-
-def _scoped_method_names(cls: type) -> list[str]:
-  """``__call__`` and the public methods a module class adds to nnx.Module."""
-  from flax import nnx
-  names: list[str] = []
-  for klass in cls.__mro__:
-    for name, value in vars(klass).items():
-      if name in names or not callable(value) or isinstance(value, type):
-        continue
-      if name == "__call__" or (
-          not name.startswith("_") and inspect.isfunction(value)
-          and not hasattr(nnx.Module, name)):
-        names.append(name)
-  return names
-
-
-def _scoped_method(method: Callable[..., Any], path: tuple[str, ...],
-                   name: str, class_name: str) -> Callable[..., Any]:
-  @functools.wraps(method)
-  def scoped(self, *args, **kwargs):
-    with _module_scope(path, None if name == "__call__" else name,
-                       class_name):
-      return method(self, *args, **kwargs)
-  return scoped
-
-
-def _scoped_class(cls: type, path: tuple[str, ...]) -> type | None:
-  """``cls`` whose methods run in the name scope of ``path`` (None: cannot)."""
-  cls = _unscoped(cls)
-  key = (cls, path)
-  if key not in _scoped_classes:
-    namespace = {name: _scoped_method(getattr(cls, name), path, name,
-                                      cls.__name__)
-                 for name in _scoped_method_names(cls)}
-    namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__,
-                     _remat_toolkit_path=path, _remat_toolkit_unscoped=cls)
-    try:
-      # Same name: reprs, errors and auto-generated names do not change.
-      _scoped_classes[key] = type(cls.__name__, (cls,), namespace)
-    except TypeError:  # a class that refuses subclasses keeps no path
-      _scoped_classes[key] = None
-  return _scoped_classes[key]
-
-
-def _scope_graph(node: Any, prefix: tuple[str, ...]
-                 ) -> list[tuple[Any, type]]:
-  """Gives every module in ``node``'s graph its path; returns the changes."""
-  from flax import nnx
-  changed = []
-  for path, sub in nnx.iter_graph(node):
-    if not isinstance(sub, nnx.Module):
-      continue
-    scoped = _scoped_class(type(sub), prefix + tuple(str(p) for p in path))
-    if scoped is not None and scoped is not type(sub):
-      changed.append((sub, type(sub)))
-      sub.__class__ = scoped
-  return changed
-
-
-def name_nnx_modules(model: Any) -> Any:
-  """Makes the analyzer attribute ``model``'s values to its submodules.
-
-  Each module's class becomes a subclass of the same name that pushes the
-  module's attribute path (``layers/0/attn``, where linen says
-  ``layers_0/attn``) as a ``jax.named_scope`` around its methods, and the
-  model's class name around its own (the root the analyzer drops, as for
-  linen). Values, what is saved and the compiled program are unchanged; only
-  the ops' names carry the path. Modules added later have no path; a module
-  called from outside the model is named by its full path.
-
-  Args:
-    model: an NNX Module, changed in place.
-
-  Returns:
-    ``model``.
-  """
-  _scope_graph(model, ())
-  return model
-
-
-@contextlib.contextmanager
-def _region_scopes(nodes: Sequence[Any], self_node: Any) -> Iterator[None]:
-  """Module paths inside a region whose modules were given none.
-
-  Without the model at hand, a module is named by its class, its submodules
-  by their attribute paths below it (``Block/attn/query``). The classes are
-  put back before NNX records the region's graph updates.
-  """
-  changed: list[tuple[Any, type]] = []
-  try:
-    for node in nodes:
-      if _scoped_path(node) is None:
-        changed += _scope_graph(node, (type(node).__name__,))
-    path = None if self_node is None else _scoped_path(self_node)
-    with _module_scope(path) if path is not None else contextlib.nullcontext():
-      yield
-  finally:
-    for sub, cls in reversed(changed):
-      sub.__class__ = cls
 
 
 # --------------------------------------------------------------- NNX lifting
@@ -491,7 +276,7 @@ class _NodeSlot:
   index: int
 
 
-def _call_nnx(fn: Callable[..., Any], spec: _RegionSpec, args: tuple,
+def _call_nnx(fn: Callable[..., Any], spec: RegionSpec, args: tuple,
               kwargs: dict, *, method: bool) -> Any:
   """Runs ``fn`` on NNX modules as one region, lifted as ``nnx.remat`` is.
 
@@ -508,7 +293,7 @@ def _call_nnx(fn: Callable[..., Any], spec: _RegionSpec, args: tuple,
     nodes = [x for x in jax.tree_util.tree_leaves(
         (args_, kwargs_), is_leaf=_is_nnx_node)
              if isinstance(x, nnx.Module)]
-    with _region_scopes(nodes, args_[0] if method else None):
+    with nnx_paths.region_scopes(nodes, args_[0] if method else None):
       return fn(*args_, **kwargs_)
 
   merged = compat.nnx_merge_inputs(call, _NNX_CTXTAG)
@@ -540,7 +325,7 @@ def _call_nnx(fn: Callable[..., Any], spec: _RegionSpec, args: tuple,
 
 # ---------------------------------------------------------------- public API
 
-def remat_region(fn: Callable[..., Any], *, policy: Any = None,
+def remat_region(fn: Callable[..., Any], *, policy: PolicyLike = None,
                  prevent_cse: bool = True,
                  static_argnums: int | Sequence[int] = (),
                  where: str = "a remat region") -> Callable[..., Any]:
@@ -578,16 +363,17 @@ def remat_region(fn: Callable[..., Any], *, policy: Any = None,
     >>> float(jax.grad(g)(0.0))
     1.0
   """
-  _validate_policy(policy, where)
-  spec = _RegionSpec(policy=policy, prevent_cse=bool(prevent_cse),
-                     static_argnums=_normalize_static_argnums(static_argnums,
-                                                              where),
-                     static_argnames=(), where=where)
-  return _region_from_spec(fn, spec)
+  validate_policy(policy, where)
+  spec = RegionSpec(policy=policy, prevent_cse=bool(prevent_cse),
+                    static_argnums=_normalize_static_argnums(static_argnums,
+                                                             where),
+                    static_argnames=(), where=where)
+  return region_from_spec(fn, spec)
 
 
-def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
-                      ) -> Callable[..., Any]:
+def region_from_spec(fn: Callable[..., Any], spec: RegionSpec
+                     ) -> Callable[..., Any]:
+  """``fn`` as one region: lifted for linen or NNX, else a cached trace."""
   lifted_linen = None
   traces: dict = {}
 
@@ -597,7 +383,7 @@ def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
     if args and _is_linen_module(args[0]):
       if lifted_linen is None:
         lifted_linen = compat.linen_decorator_lift_transform(
-            _linen_transform, fn, spec=spec)
+            linen_transform, fn, spec=spec)
       return lifted_linen(*args, **kwargs)
     nnx_call = args and _is_nnx_node(args[0])
     if nnx_call or any(_is_nnx_node(x) for x in jax.tree_util.tree_leaves(
@@ -611,7 +397,7 @@ def _region_from_spec(fn: Callable[..., Any], spec: _RegionSpec
   return region
 
 
-def remat(target: Any = None, policy: Any = None, *,
+def remat(target: Any = None, policy: PolicyLike = None, *,
           static_argnums: int | Sequence[int] = (),
           prevent_cse: bool | None = None) -> Any:
   """Remat with a named policy, for Flax modules, methods and functions.
@@ -662,22 +448,22 @@ def remat(target: Any = None, policy: Any = None, *,
                              prevent_cse=prevent_cse)
   where = _describe(target)
   _check_target(target, where)
-  _validate_policy(policy, where)
+  validate_policy(policy, where)
   static = _normalize_static_argnums(static_argnums, where)
   cse = True if prevent_cse is None else bool(prevent_cse)
   if _is_linen_class(target):
     cls = target.func if isinstance(target, functools.partial) else target
-    spec = _spec_for(cls.__call__, policy, cse, static, where, method=True)
-    return compat.linen_lift_transform(_linen_transform, target, spec=spec)
+    spec = region_spec(cls.__call__, policy, cse, static, where, method=True)
+    return compat.linen_lift_transform(linen_transform, target, spec=spec)
   if _is_nnx_class(target):
     call = remat(target.__call__, policy, static_argnums=static,
                  prevent_cse=cse)
     return type(f"Remat{target.__name__}", (target,),
                 {"__call__": call, "__module__": target.__module__,
                  "__qualname__": f"Remat{target.__qualname__}"})
-  spec = _spec_for(target, policy, cse, static, where,
+  spec = region_spec(target, policy, cse, static, where,
                    method=_looks_like_method(target))
-  return _region_from_spec(target, spec)
+  return region_from_spec(target, spec)
 
 
 def _describe(target: Any) -> str:
@@ -730,9 +516,9 @@ def _looks_like_method(fn: Callable[..., Any]) -> bool:
   return bool(params) and params[0] == "self"
 
 
-def _spec_for(fn: Callable[..., Any], policy: Any, prevent_cse: bool,
-              static: tuple[int, ...], where: str, *, method: bool
-              ) -> _RegionSpec:
+def region_spec(fn: Callable[..., Any], policy: PolicyLike, prevent_cse: bool,
+                static: tuple[int, ...], where: str, *, method: bool
+                ) -> RegionSpec:
   """Checks ``static`` against ``fn``'s signature and names those arguments."""
   names: tuple[str, ...] = ()
   try:
@@ -755,5 +541,5 @@ def _spec_for(fn: Callable[..., Any], policy: Any, prevent_cse: bool,
     names = tuple(positional[i].name for i in static
                   if i < len(positional)
                   and positional[i].kind == positional[i].POSITIONAL_OR_KEYWORD)
-  return _RegionSpec(policy=policy, prevent_cse=prevent_cse,
-                     static_argnums=static, static_argnames=names, where=where)
+  return RegionSpec(policy=policy, prevent_cse=prevent_cse,
+                    static_argnums=static, static_argnames=names, where=where)

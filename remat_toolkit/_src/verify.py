@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import html
 import json
 import math
 from collections.abc import Callable
@@ -47,14 +46,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat_toolkit._src import analysis
-from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import lowering
-from remat_toolkit._src import transform
+from remat_toolkit._src import resolve
+from remat_toolkit._src import trace_cache
+from remat_toolkit._src.findings import policy_warnings
+from remat_toolkit._src.findings import unmatched_names_warning
+from remat_toolkit._src.findings import warn_once
+from remat_toolkit._src.inputs import concrete_leaves as _concrete_leaves
+from remat_toolkit._src.inputs import random_inputs
 from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.report import Residual
+from remat_toolkit._src.resolve import PolicyLike
+from remat_toolkit._src.trace import TracedProgram
 
 __all__ = ["Verification", "verify", "default_tolerances", "random_inputs"]
 
@@ -68,10 +74,6 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (1e-2, 0.0),
     "bfloat16": (1e-2, 0.0),
 }
-
-_EVERYTHING = "save-everything"
-_NOTHING = "boundary-only"
-
 
 # ================================================================ the result
 
@@ -142,31 +144,17 @@ class Verification:
     return not self.problems
 
   def summary_lines(self) -> list[str]:
-    lines = [f"verify {self.policy}: {'PASSED' if self.passed else 'PROBLEMS FOUND'}"]
-    if self.ok is None:
-      lines.append("  gradients: not checked")
-    else:
-      lines.append(
-          f"  gradients: {'equal' if self.ok else 'DIFFERENT'}; max abs diff "
-          f"{self.max_abs_diff:.3g}, max rel diff {self.max_rel_diff:.3g} "
-          f"(rtol {self.rtol:g}, atol {self.atol:g}; inputs {self.inputs})")
-    lines.append(f"  reference: {self.reference}")
-    lines.append(f"  remat regions taking the policy: {self.regions}; keeps "
-                 f"{self.activation_bytes} activation bytes on device"
-                 + (f", {self.offloaded_bytes} on host"
-                    if self.offloaded_bytes else ""))
-    lines.append("  no-op: " + (f"yes, keeps what {self.no_op!r} keeps"
-                                if self.no_op else "no"))
-    for w in self.warnings:
-      lines.append(f"  warning: {w}")
-    return lines
+    """What was found, one line each."""
+    from remat_toolkit._src import display
+    return display.verification_summary(self)
 
   def __str__(self) -> str:
-    return "\n".join(self.summary_lines())
+    from remat_toolkit._src import display
+    return display.to_text(self)
 
   def _repr_html_(self) -> str:
-    text = html.escape("\n".join(self.summary_lines()), quote=False)
-    return f"<pre>{text}</pre>"
+    from remat_toolkit._src import display
+    return display.to_html(self)
 
   def to_dict(self) -> dict[str, Any]:
     """Plain data, with ``passed`` and ``problems``."""
@@ -183,97 +171,14 @@ class Verification:
 
 # ================================================================ policies
 
-@dataclasses.dataclass(frozen=True)
-class _RawPolicy:
-  """A raw JAX policy callable, shaped like a Policy for the analyzer."""
-
-  name: str
-  jax_policy: Any
-  offloads: bool = False
-
-  def to_jax(self, names: Any = None) -> Any:
-    del names
-    return self.jax_policy
-
-
-def _resolve(policy: Any) -> Policy | _RawPolicy:
-  if policy is None:
-    return context.current_policy()
-  if isinstance(policy, (str, Policy)):
-    return catalog.get_policy(policy)
-  if callable(policy):
-    name = getattr(policy, "__qualname__", None) or repr(policy)
-    return _RawPolicy(name=name, jax_policy=policy)
-  raise TypeError(
-      f"policy must be a policy name, a remat_toolkit.Policy, a "
-      f"jax.checkpoint_policies policy or None (the ambient policy), got "
-      f"{policy!r}; e.g. policy='save-attention'.")
-
-
-def _names_something(policy: Policy | _RawPolicy) -> bool:
+def _names_something(policy: Policy) -> bool:
   """Whether the policy claims to keep something other than all or nothing."""
-  if isinstance(policy, _RawPolicy):
+  if policy.is_jax_policy:
     cp = jax.checkpoint_policies
     return policy.jax_policy not in (cp.everything_saveable, cp.nothing_saveable)
   if policy.save_everything:
     return False
   return bool(policy.save or policy.offload) or policy.matmuls != "none"
-
-
-# ================================================================ inputs
-
-def random_inputs(leaves: Sequence[Any], seed: int = 0) -> list[Any]:
-  """Concrete arrays for abstract argument leaves, deterministic in ``seed``.
-
-  Floating leaves are ``N(0, 1) / sqrt(fan_in)`` with ``fan_in`` the
-  second-to-last dimension (1 for vectors and scalars), so activations stay
-  of order one through matmuls; integer and boolean leaves are zeros (always
-  valid token ids and indices); PRNG key leaves are split from
-  ``jax.random.key(seed)``. Leaves with a sharding are placed with it.
-
-  Args:
-    leaves: arrays (returned unchanged) or ``jax.ShapeDtypeStruct`` s.
-    seed: the random seed.
-
-  Returns:
-    One array per leaf.
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> from remat_toolkit._src.verify import random_inputs
-    >>> x, = random_inputs([jax.ShapeDtypeStruct((4, 3), jnp.float32)])
-    >>> x.shape, x.dtype
-    ((4, 3), dtype('float32'))
-  """
-  keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
-  out = []
-  for key, leaf in zip(keys, leaves, strict=False):  # one key to spare if none
-    if not isinstance(leaf, jax.ShapeDtypeStruct):
-      out.append(leaf)
-      continue
-    value = _random_leaf(key, leaf.shape, leaf.dtype)
-    sharding = getattr(leaf, "sharding", None)
-    out.append(jax.device_put(value, sharding) if sharding is not None else value)
-  return out
-
-
-def _random_leaf(key: Any, shape: tuple[int, ...], dtype: Any) -> Any:
-  if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-    return jax.random.split(key, max(1, math.prod(shape))).reshape(shape)
-  if jnp.issubdtype(dtype, jnp.inexact):
-    fan_in = shape[-2] if len(shape) >= 2 else 1
-    scale = 1.0 / math.sqrt(max(fan_in, 1))
-    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
-  return jnp.zeros(shape, dtype)
-
-
-def _concrete_leaves(args: Sequence[Any], seed: int) -> tuple[list[Any], str]:
-  leaves = jax.tree_util.tree_leaves(args)
-  abstract = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
-  if not any(abstract):
-    return [jnp.asarray(x) if not isinstance(x, jax.Array) else x
-            for x in leaves], "given"
-  return random_inputs(leaves, seed), f"random (seed={seed})"
 
 
 def default_tolerances(dtypes: Sequence[Any]) -> tuple[float, float]:
@@ -346,36 +251,36 @@ def _compare(got: Sequence[Any], want: Sequence[Any], labels: Sequence[str],
 
 # ================================================================ findings
 
-def _residual_signature(residuals: Sequence[analysis.Residual]) -> collections.Counter:
+def _residual_signature(residuals: Sequence[Residual]) -> collections.Counter:
   return collections.Counter(
       (r.shape, r.dtype, r.kind, r.name, r.primitive, r.module_path,
        r.memory_kind, r.stacked) for r in residuals)
 
 
-def _no_op(program: analysis.TracedProgram, policy: Policy | _RawPolicy,
+def _no_op(program: TracedProgram, policy: Policy,
            kept: collections.Counter) -> str | None:
   if not _names_something(policy) or program.regions == 0:
     return None
   # Nothing first: where save-everything keeps no more than region inputs
   # (jax 0.10's remat3 everything_saveable recomputes un-named values), a policy
   # that names tensors and keeps none of them is still a no-op.
-  if kept == _residual_signature(program.residuals(catalog.get_policy(_NOTHING))):
-    return _NOTHING
-  if kept == _residual_signature(
-      program.residuals(catalog.get_policy(_EVERYTHING))) and _leaves_out(
-          policy, frozenset().union(*program._region_names)):
-    return _EVERYTHING
+  nothing, everything = resolve.BOUNDARY_ONLY, resolve.SAVE_EVERYTHING
+  if kept == _residual_signature(program.residuals(nothing)):
+    return nothing.name
+  if kept == _residual_signature(program.residuals(everything)) and _leaves_out(
+      policy, program.ambient_names):
+    return everything.name
   return None
 
 
-def _leaves_out(policy: Policy | _RawPolicy, present: frozenset[str]) -> bool:
+def _leaves_out(policy: Policy, present: frozenset[str]) -> bool:
   """Whether the policy means to leave out something the regions contain.
 
   Keeping what save-everything keeps is the policy's job when it selects
   every checkpoint name present (jax 0.10's remat3 everything_saveable keeps
   only named values); it is a no-op when the policy excludes something.
   """
-  if isinstance(policy, _RawPolicy):
+  if policy.is_jax_policy:
     saveable = getattr(policy.jax_policy, "saveable_names", None)
     return saveable is None or not present <= frozenset(saveable)
   if policy.matmuls != "none":
@@ -383,7 +288,7 @@ def _leaves_out(policy: Policy | _RawPolicy, present: frozenset[str]) -> bool:
   return any(not policy.matches(name) for name in present)
 
 
-def _effect_warnings(program: analysis.TracedProgram) -> list[str]:
+def _effect_warnings(program: TracedProgram) -> list[str]:
   out = []
   for site in _jaxpr.effects_in_remat_regions(program.jaxpr.jaxpr):
     where = site.source or site.module_path or "the traced function"
@@ -402,7 +307,7 @@ def _effect_warnings(program: analysis.TracedProgram) -> list[str]:
 
 
 def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
-                     program: analysis.TracedProgram) -> str | None:
+                     program: TracedProgram) -> str | None:
   leaves, treedef = jax.tree_util.tree_flatten(args)
   del leaves
 
@@ -410,9 +315,9 @@ def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
     return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
   # Regions cache their traces; the second trace must run the Python again.
-  with lowering.substitute_ambient(program._marker), \
-      transform.fresh_traces():
-    second, _ = _jaxpr.trace_program(flat_fn, program._leaves)
+  with lowering.substitute_ambient(program.marker), \
+      trace_cache.fresh_traces():
+    second, _ = _jaxpr.trace_program(flat_fn, program.leaves)
   difference = _jaxpr.trace_difference(program.jaxpr, second)
   if difference is None:
     return None
@@ -422,8 +327,8 @@ def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
           "that state as an argument instead.")
 
 
-def _remat3_warning(policy: Policy | _RawPolicy) -> str | None:
-  if (isinstance(policy, _RawPolicy) and compat.remat3_enabled()
+def _remat3_warning(policy: Policy) -> str | None:
+  if (policy.is_jax_policy and compat.remat3_enabled()
       and not compat.remat3_honours(policy.jax_policy)):
     return (f"jax_remat3 is on and jax {jax.__version__}'s remat3 does not "
             f"honour the JAX policy {policy.name!r} (only JAX's own policy "
@@ -449,14 +354,7 @@ def _check_options(rtol: Any, atol: Any, seed: Any) -> None:
     raise TypeError(f"seed must be an int, got {seed!r}; e.g. seed=0.")
 
 
-def _residuals(program: analysis.TracedProgram,
-               policy: Policy | _RawPolicy) -> list[analysis.Residual]:
-  """The policy's residuals; an effect JAX cannot differentiate is named."""
-  # Raises for offload under remat3, and names effects JAX cannot differentiate.
-  return program.residuals(policy)
-
-
-def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
+def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
            strict: bool = False, rtol: float | None = None,
            atol: float | None = None, check_values: bool = True,
            seed: int = 0) -> Verification:
@@ -487,17 +385,29 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
       problem found, all listed.
     TypeError: a policy of the wrong type, a non-array argument, or
       tolerances that are not numbers.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> @rt.remat
+    ... def block(w, x):
+    ...   return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+    >>> loss = lambda w, x: block(w, x).sum()
+    >>> w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    >>> x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    >>> v = rt.verify(loss, w, x, policy="save-ffn")
+    >>> v.passed, v.ok, v.inputs, v.activation_bytes
+    (True, True, 'random (seed=0)', 128)
   """
   _check_options(rtol, atol, seed)
-  resolved = _resolve(policy)
-  program = analysis.TracedProgram(fn, args)
-  residuals = _residuals(program, resolved)
+  resolved = resolve.require_runnable(resolve.resolve_policy(policy))
+  program = TracedProgram(fn, args)
+  residuals = program.residuals(resolved)
   kept = _residual_signature(residuals)
 
   # Shared with every other entry point: regions that do not take the
   # policy, and a policy that keeps none of its names.
-  unheard = analysis.policy_warnings(program, resolved,
-                                     asked=policy is not None)
+  unheard = policy_warnings(program, resolved, asked=policy is not None)
   warnings = list(unheard)
   for extra in (_remat3_warning(resolved), _retrace_warning(fn, args, program)):
     if extra:
@@ -515,8 +425,10 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
 
   diff, inputs = None, "not checked"
   if check_values:
-    unmatched = analysis.unmatched_names_warning(program, resolved)
-    with analysis.trace_time_name_warnings_silenced(unmatched is not None):
+    # When the result carries that finding, tracing fn's regions again
+    # must not raise it a second time.
+    carried = unmatched_names_warning(program, resolved) is not None
+    with lowering.silence_unmatched_warnings(carried):
       diff, inputs = _check_gradients(fn, args, program, resolved, reference,
                                       rtol, atol, seed, warnings)
   result = Verification(
@@ -538,13 +450,13 @@ def verify(fn: Callable[..., Any], *args: Any, policy: Any = None,
         f"verify found {len(result.problems)} problem(s) with policy "
         f"{result.policy!r}: {listed}. Call verify(..., strict=False) to "
         "inspect the Verification.")
-  analysis.warn_once(unheard)
+  warn_once(unheard)
   return result
 
 
 def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
-                     program: analysis.TracedProgram,
-                     policy: Policy | _RawPolicy, reference: Any, rtol: float,
+                     program: TracedProgram,
+                     policy: Policy, reference: Any, rtol: float,
                      atol: float, seed: int, warnings: list[str]
                      ) -> tuple[_Diff | None, str]:
   """Gradients of ``fn`` as users run it under ``policy`` vs the reference.
@@ -582,8 +494,6 @@ def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
                   atol), inputs
 
 
-def _ambient(policy: Policy | _RawPolicy):
+def _ambient(policy: Policy):
   """Makes ``policy`` the one every ambient region takes while tracing."""
-  if isinstance(policy, _RawPolicy):
-    return lowering.substitute_ambient(policy.jax_policy)
   return context.use_policy(policy)

@@ -1,0 +1,166 @@
+"""Never silent: why a result's figures may not be the asked policy's own.
+
+A result whose figures are not the policy's own says so: in its
+``warnings`` field, in its text and HTML, and once as a ``UserWarning``. The
+findings are worded here so that every entry point (analyze, compare,
+memory_breakdown, verify, plan, bench) says them alike: a function with no
+remat region, regions with a policy of their own, and a policy that keeps
+none of its names in this model.
+
+Example:
+  >>> from remat_toolkit._src import findings
+  >>> with findings.quiet_warnings():
+  ...   findings.warn_once(["raised by nobody"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import warnings as _warnings
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
+
+from remat_toolkit._src.policy import Policy
+
+if TYPE_CHECKING:
+  from remat_toolkit._src.trace import TracedProgram
+
+__all__ = ["KEEPS_NONE", "region_warnings", "unmatched_names_warning",
+           "policy_warnings", "own_policy_text", "warn_once",
+           "quiet_warnings"]
+
+#: How a finding that a policy keeps none of its names starts, after
+#: ``policy 'name'`` (results look for it to mark such policies).
+KEEPS_NONE = "keeps none of its names in this model"
+
+_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "remat_toolkit_quiet_result_warnings", default=False)
+
+
+def _brief(items: Sequence[str], limit: int) -> str:
+  shown = ", ".join(repr(i) for i in items[:limit])
+  more = len(items) - limit
+  return shown + (f" and {more} more" if more > 0 else "")
+
+
+def own_policy_text(regions: Sequence[tuple[str, str]], limit: int = 3) -> str:
+  """``(where, policy)`` pairs of regions with their own policy, in words."""
+  by_policy: dict[str, list[str]] = {}
+  for where, label in regions:
+    by_policy.setdefault(label, []).append(where)
+  parts = []
+  for label, wheres in by_policy.items():
+    sites = list(dict.fromkeys(wheres))
+    shown = ", ".join(sites[:limit]) + (
+        f" and {len(sites) - limit} more" if len(sites) > limit else "")
+    count = len(wheres)
+    parts.append(f"{count} region{'s use' if count > 1 else ' uses'} {label}, "
+                 f"at {shown}")
+  return "; ".join(parts)
+
+
+def region_warnings(program: TracedProgram, policy: str | None = None
+                    ) -> list[str]:
+  """Why ``policy`` (None: any policy asked for) may not shape the figures.
+
+  Covers a function with no remat region, one whose regions all have their
+  own policy, and one where only some regions read the ambient policy.
+  """
+  subject = (f"policy {policy!r} changes nothing" if policy
+             else "no policy changes anything")
+  own = program.own_policy_regions
+  if not program.regions and not own:
+    return [f"fn has no remat region at all, so {subject} and nothing is "
+            "recomputed; wrap its blocks with remat_toolkit.remat (policy "
+            "left as None) or use remat_toolkit.remat_modules."]
+  if not program.regions:
+    return [f"no remat region in fn reads the ambient policy, so {subject}: "
+            f"the figures are those of the regions' own policies; "
+            f"{own_policy_text(own)}. Build the regions with policy left "
+            "as None (remat_toolkit.remat, remat_toolkit.remat_modules) so "
+            "that they take the policy analysed."]
+  if own:
+    what = f"policy {policy!r}" if policy else "the policy asked for"
+    total = program.regions + len(own)
+    verb = "has its own policy and ignores" if len(own) == 1 else (
+        "have their own policy and ignore")
+    takes = "takes" if program.regions == 1 else "take"
+    return [f"{len(own)} of {total} remat regions {verb} {what}: "
+            f"{own_policy_text(own)}; only the other {program.regions} "
+            f"{takes} it, so the figures mix policies. Build those regions "
+            "with policy left as None to let them take it."]
+  return []
+
+
+def unmatched_names_warning(program: TracedProgram, policy: Any) -> str | None:
+  """Says so when a name-based policy matches no name its regions hold.
+
+  Such a policy keeps only the region inputs, as ``boundary-only`` does,
+  whatever its name promises. Policies that select by something else
+  (matmuls, everything, a policy of JAX's own) are never flagged.
+  """
+  if (not isinstance(policy, Policy) or not program.regions
+      or policy.save_everything or policy.matmuls != "none"
+      or not policy.patterns):
+    return None
+  present = sorted(program.ambient_names)
+  if any(policy.matches(n) for n in present):
+    return None
+  held = (f"hold {_brief(present, 6)}" if present
+          else "hold no checkpoint names")
+  return (f"policy {policy.name!r} {KEEPS_NONE}: it "
+          f"asks for {_brief(list(policy.patterns), 4)}, but the regions that "
+          f"take it {held}, so it keeps only the region inputs, as "
+          "boundary-only does. Tag the tensors to keep with "
+          "remat_toolkit.tag(x, name), or choose a policy whose names exist "
+          "(remat_toolkit.list_policies()).")
+
+
+def policy_warnings(program: TracedProgram, policy: Any, *,
+                    asked: bool = True) -> list[str]:
+  """Every reason the figures of ``policy`` on ``program`` may mislead.
+
+  Args:
+    program: the traced function.
+    policy: a :class:`Policy` or anything with a ``name``.
+    asked: False when the caller did not choose the policy (the function is
+      examined as it is): regions with their own policy are then expected.
+  """
+  name = getattr(policy, "name", None)
+  found = []
+  if asked or not (program.regions or program.own_policy_regions):
+    found.extend(region_warnings(program, name))
+  unmatched = unmatched_names_warning(program, policy)
+  if unmatched:
+    found.append(unmatched)
+  return found
+
+
+def warn_once(messages: Iterable[str], stacklevel: int = 3) -> None:
+  """Raises each of a new result's warnings once, as a UserWarning.
+
+  ``stacklevel`` 3 points at the caller of the public function that calls
+  this. Nothing is raised inside :func:`quiet_warnings`.
+  """
+  if _quiet.get():
+    return
+  for message in dict.fromkeys(messages):
+    _warnings.warn(message, UserWarning, stacklevel=stacklevel)
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+  """Results made inside still carry their warnings but raise none.
+
+  For callers that show the results themselves (the command line), and for
+  entry points built on others, so that one call raises one set.
+  """
+  token = _quiet.set(True)
+  try:
+    yield
+  finally:
+    _quiet.reset(token)

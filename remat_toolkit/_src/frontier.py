@@ -1,0 +1,216 @@
+"""The memory-vs-recompute frontier: named policies and plans on one plane.
+
+:func:`frontier` traces the model once, measures the named policies and
+plans at several budgets on that one trace, and marks the Pareto-optimal
+points (:func:`remat_toolkit._src.pareto.pareto_flags` over device bytes,
+recompute FLOPs and offloaded bytes, as ``Comparison.pareto()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+from remat_toolkit._src import catalog
+from remat_toolkit._src import resolve
+from remat_toolkit._src.findings import warn_once
+from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.format import parse_bytes
+from remat_toolkit._src.pareto import pareto_flags
+from remat_toolkit._src.planner import DEFAULT_MAX_EVALUATIONS
+from remat_toolkit._src.planner import Planner
+from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.report import ResidualReport
+
+__all__ = ["frontier", "Frontier", "FrontierPoint"]
+
+# Budgets planned at when none are given.
+_DEFAULT_BUDGETS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontierPoint:
+  """One policy on the memory-vs-recompute plane.
+
+  Attributes:
+    label: the policy's name, or ``plan@SIZE`` for a plan.
+    source: ``"named"`` (from the catalogue or given) or ``"plan"``.
+    policy: the :class:`Policy`.
+    activation_bytes: device bytes kept.
+    offloaded_bytes: host bytes moved.
+    recompute_flops: FLOPs recomputed.
+    recompute_percent: the same, in percent of a no-remat step.
+    budget: the plan's budget (None for named policies).
+    on_frontier: no other point is as good on device bytes, recompute and
+      offloaded bytes, and better on one.
+  """
+
+  label: str
+  source: str
+  policy: Policy
+  activation_bytes: int
+  offloaded_bytes: int
+  recompute_flops: int
+  recompute_percent: float
+  budget: int | None
+  on_frontier: bool
+
+  @property
+  def criteria(self) -> tuple[int, int, int]:
+    """What the Pareto flags minimise: device bytes, recompute, host bytes."""
+    return (self.activation_bytes, self.recompute_flops, self.offloaded_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frontier:
+  """The memory-vs-recompute Pareto frontier of named policies and plans.
+
+  Attributes:
+    points: every point, least memory first.
+    warnings: what limited the plans (see :attr:`Plan.warnings`).
+    skipped: policy name -> why it was not measured (e.g. offloading where
+      it cannot run).
+  """
+
+  points: tuple[FrontierPoint, ...]
+  warnings: tuple[str, ...] = ()
+  skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  @property
+  def frontier(self) -> tuple[FrontierPoint, ...]:
+    """The Pareto-optimal points, least memory first."""
+    return tuple(p for p in self.points if p.on_frontier)
+
+  def rows(self) -> list[dict[str, Any]]:
+    """One record per point (the table's data)."""
+    return [{"label": p.label, "source": p.source,
+             "activation_bytes": p.activation_bytes,
+             "offloaded_bytes": p.offloaded_bytes,
+             "recompute_flops": p.recompute_flops,
+             "recompute_percent": p.recompute_percent, "budget": p.budget,
+             "on_frontier": p.on_frontier} for p in self.points]
+
+  def __str__(self) -> str:
+    from remat_toolkit._src import display
+    return display.to_text(self)
+
+  def _repr_html_(self) -> str:
+    from remat_toolkit._src import display
+    return display.to_html(self)
+
+  def to_dataframe(self):
+    """One row per point (needs pandas)."""
+    from remat_toolkit._src import display
+    return display.to_dataframe(self)
+
+  def plot(self, ax=None):
+    """Memory (x) vs recompute (y), frontier joined, plans marked (needs
+    matplotlib); returns the axes."""
+    from remat_toolkit._src import display
+    return display.plot(self, ax=ax)
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"points": self.rows(), "skipped": dict(self.skipped),
+            "warnings": list(self.warnings)}
+
+  def to_json(self, **kwargs: Any) -> str:
+    return json.dumps(self.to_dict(), **kwargs)
+
+
+def frontier(fn: Callable[..., Any], *args: Any,
+             policies: Sequence[resolve.PolicyLike] | None = None,
+             budgets: Sequence[int | str] | int | None = None,
+             max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> Frontier:
+  """The memory-vs-recompute frontier over named policies and plans.
+
+  The model is traced once; plans at different budgets share evaluations.
+
+  Args:
+    fn: returns a scalar loss; see :func:`plan`.
+    *args: arrays or ``jax.ShapeDtypeStruct`` pytrees.
+    policies: what ``policy=`` accepts, in a list (default: every catalogue
+      policy that does not offload; offloading is a third axis). A policy
+      that cannot run here is skipped with a warning.
+    budgets: activation budgets to plan at, or how many, spread evenly from
+      ``boundary-only`` to ``save-everything`` (default 8).
+    max_evaluations: per plan; see :func:`plan`.
+
+  Returns:
+    A :class:`Frontier`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> @rt.remat
+    ... def block(w, x):
+    ...   return jnp.tanh(rt.tag(x @ w, "ffn.up")) @ w.T
+    >>> f = rt.frontier(lambda w, x: block(w, x).sum(),
+    ...                 jax.ShapeDtypeStruct((16, 64), jnp.float32),
+    ...                 jax.ShapeDtypeStruct((8, 16), jnp.float32),
+    ...                 policies=["boundary-only", "save-everything"],
+    ...                 budgets=["2KiB"])
+    >>> [(p.label, p.recompute_flops, p.on_frontier) for p in f.points]
+    [('boundary-only', 16384, True), ('plan@2.0 KiB', 0, True), ('save-everything', 0, False)]
+  """
+  planner = Planner(fn, *args)
+  chosen = resolve.resolve_policies(policies, default=_default_policies())
+  runnable, skipped = resolve.split_runnable(chosen)
+  named = [_point(p.name, "named", p, planner.measure(p), None)
+           for p in runnable]
+  items = named + _frontier_plans(planner, budgets, max_evaluations)
+  flags = pareto_flags([p.criteria for p in items])
+  points = [dataclasses.replace(p, on_frontier=f)
+            for p, f in zip(items, flags, strict=True)]
+  points.sort(key=lambda p: (p.activation_bytes, p.recompute_flops, p.label))
+  result = Frontier(points=tuple(points), warnings=planner.warnings,
+                    skipped=skipped)
+  warn_once([*result.warnings, *skipped.values()])
+  return result
+
+
+def _default_policies() -> list[Policy]:
+  policies = [catalog.get_policy(n) for n in catalog.list_policies()]
+  return [p for p in policies if not p.offloads]
+
+
+def _point(label: str, source: str, policy: Policy, report: ResidualReport,
+           budget: int | None) -> FrontierPoint:
+  return FrontierPoint(label=label, source=source, policy=policy,
+                       activation_bytes=report.activation_bytes,
+                       offloaded_bytes=report.offloaded_bytes,
+                       recompute_flops=report.recompute_flops,
+                       recompute_percent=report.recompute_percent,
+                       budget=budget, on_frontier=False)
+
+
+def _frontier_budgets(planner: Planner, budgets) -> list[int]:
+  if budgets is None or (isinstance(budgets, int) and not isinstance(budgets, bool)):
+    count = _DEFAULT_BUDGETS if budgets is None else budgets
+    if count < 1:
+      raise ValueError(f"budgets must be a positive count or a list of sizes, "
+                       f"got {budgets!r}.")
+    lo, hi = planner.boundary_only_bytes, planner.save_everything_bytes
+    if count == 1:
+      return [hi]
+    return sorted({lo + (hi - lo) * i // (count - 1) for i in range(count)})
+  if isinstance(budgets, (str, bytes)):
+    raise TypeError(f"budgets must be a list of sizes or a count, got "
+                    f"{budgets!r}; write budgets=[{budgets!r}].")
+  return [parse_bytes(b) for b in budgets]
+
+
+def _frontier_plans(planner: Planner, budgets, max_evaluations: int
+                    ) -> list[FrontierPoint]:
+  out: list[FrontierPoint] = []
+  for budget in _frontier_budgets(planner, budgets):
+    try:
+      p = planner.plan(budget, max_evaluations=max_evaluations)
+    except ValueError:  # nothing fits this budget: no point to draw
+      continue
+    out.append(_point(f"plan@{format_bytes(budget)}", "plan", p.policy,
+                      p.report, budget))
+  return out

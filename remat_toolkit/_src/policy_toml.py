@@ -1,0 +1,142 @@
+"""Policy files: the TOML reader and writer, side by side.
+
+The catalogue reads built-in and user policy files with
+:func:`parse_policy_file`; ``Plan.save`` writes them with
+:func:`policy_toml`. Both know the same keys, so what one writes the other
+reads back equal.
+
+Example:
+  >>> import tomllib
+  >>> import remat_toolkit as rt
+  >>> from remat_toolkit._src import policy_toml
+  >>> p = rt.Policy(name="mine", save=["attn.q", "attn.k"])
+  >>> text = policy_toml.policy_toml(p)
+  >>> policy_toml.policy_from_mapping(tomllib.loads(text)) == p
+  True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from remat_toolkit._src.policy import MATMUL_MODES
+from remat_toolkit._src.policy import MEMORY_KINDS
+from remat_toolkit._src.policy import Policy
+
+__all__ = ["parse_policy_file", "policy_from_mapping", "policy_toml",
+           "policy_record"]
+
+# What each key of a policy file holds, as error messages say it.
+_FIELDS: dict[str, str] = {
+    "name": "a string",
+    "description": "a string",
+    "aliases": "a list of strings",
+    "save": "a list of checkpoint names or glob patterns",
+    "offload": "a list of checkpoint names or glob patterns",
+    "matmuls": f"one of {sorted(MATMUL_MODES)}",
+    "offload_src": f"one of {list(MEMORY_KINDS)}",
+    "offload_dst": f"one of {list(MEMORY_KINDS)}",
+    "save_everything": "true or false",
+}
+_TYPES: dict[str, type] = {
+    "name": str, "description": str, "aliases": list, "save": list,
+    "offload": list, "matmuls": str, "offload_src": str, "offload_dst": str,
+    "save_everything": bool,
+}
+
+
+# ===================================================================== reader
+
+def parse_policy_file(path: str | os.PathLike) -> Policy:
+  """Reads one policy from a TOML file, validating every key.
+
+  Raises:
+    ValueError: naming the file, the key and what was expected.
+  """
+  path = Path(path)
+  try:
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+  except tomllib.TOMLDecodeError as e:
+    raise ValueError(f"{path}: not valid TOML ({e}).") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not a UTF-8 text file ({e}).") from None
+  return policy_from_mapping(data, source=str(path))
+
+
+def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy"
+                        ) -> Policy:
+  """Builds a :class:`Policy` from parsed TOML, with errors naming ``source``."""
+  unknown = sorted(set(data) - set(_FIELDS))
+  if unknown:
+    raise ValueError(
+        f"{source}: unknown key(s) {unknown}; a policy file may contain "
+        f"{', '.join(_FIELDS)}.")
+  if "name" not in data:
+    raise ValueError(f"{source}: missing key 'name' (expected {_FIELDS['name']}).")
+  for key, value in data.items():
+    if not isinstance(value, _TYPES[key]):
+      raise ValueError(
+          f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
+    if _TYPES[key] is list and not all(isinstance(v, str) for v in value):
+      raise ValueError(
+          f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
+  try:
+    return Policy(**{k: tuple(v) if isinstance(v, list) else v
+                     for k, v in data.items()})
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{source}: {e}") from None
+
+
+# ===================================================================== writer
+
+def policy_toml(policy: Policy) -> str:
+  """The policy as a policy file's text: the keys that differ from defaults.
+
+  Raises:
+    ValueError: for a policy wrapping a JAX policy, which no file can hold.
+  """
+  if policy.is_jax_policy:
+    raise ValueError(
+        f"Policy {policy.name!r} wraps a JAX policy object, which a policy "
+        "file cannot hold; write its save/offload names as a Policy instead.")
+  lines = [f"name = {_toml_string(policy.name)}",
+           f"description = {_toml_string(policy.description)}"]
+  if policy.aliases:
+    lines.append(f"aliases = {_toml_list(policy.aliases)}")
+  if policy.save:
+    lines.append(f"save = {_toml_list(policy.save)}")
+  if policy.offload:
+    lines.append(f"offload = {_toml_list(policy.offload)}")
+  if policy.matmuls != "none":
+    lines.append(f"matmuls = {_toml_string(policy.matmuls)}")
+  if policy.save_everything:
+    lines.append("save_everything = true")
+  if policy.offload_src != "device":
+    lines.append(f"offload_src = {_toml_string(policy.offload_src)}")
+  if policy.offload_dst != "pinned_host":
+    lines.append(f"offload_dst = {_toml_string(policy.offload_dst)}")
+  return "\n".join(lines)
+
+
+def policy_record(policy: Policy) -> dict[str, Any]:
+  """The policy as plain data (JSON), every key a policy file may hold but
+  ``aliases``; :func:`policy_from_mapping` reads it back."""
+  return {"name": policy.name, "description": policy.description,
+          "save": list(policy.save), "offload": list(policy.offload),
+          "matmuls": policy.matmuls, "save_everything": policy.save_everything,
+          "offload_src": policy.offload_src, "offload_dst": policy.offload_dst}
+
+
+def _toml_string(text: str) -> str:
+  # JSON string escapes (\" \\ \n \uXXXX) are valid TOML basic strings.
+  return json.dumps(text)
+
+
+def _toml_list(items: Sequence[str]) -> str:
+  return "[\n" + "".join(f"  {_toml_string(i)},\n" for i in items) + "]"

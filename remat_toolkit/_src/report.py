@@ -1,0 +1,348 @@
+"""The analyzer's results as data: residuals, one policy's report, a comparison.
+
+These classes hold numbers and names only. Their text, HTML and DataFrame
+forms are rendered by :mod:`remat_toolkit._src.display`; their bytes are
+counted in :mod:`remat_toolkit._src.residuals`.
+
+Example:
+  >>> from remat_toolkit._src.report import Residual
+  >>> r = Residual(shape=(4, 8), dtype="float32", nbytes=128,
+  ...              kind="activation", name="ffn.up", module_path="mlp",
+  ...              primitive="dot_general", source="", memory_kind="device")
+  >>> r.what
+  'ffn.up'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+
+from remat_toolkit._src.findings import KEEPS_NONE
+
+__all__ = ["Residual", "ResidualReport", "Comparison"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+  """One value kept from the forward pass for the backward pass.
+
+  Attributes:
+    shape: the stored shape (a scan-stacked residual includes its scan axis).
+    dtype: dtype name.
+    nbytes: bytes held, every scan iteration included.
+    kind: ``"argument"`` (a parameter or input, held anyway) or
+      ``"activation"`` (kept only for the backward pass).
+    name: its checkpoint name, if it has one (also inside scan bodies).
+    module_path: where in the model it was made, e.g. ``layers_3/attn``.
+    primitive: the primitive that computed it.
+    source: ``file:line (function)`` of the code that made it.
+    memory_kind: ``"device"`` or ``"host"`` (offloaded).
+    stacked: the scan length it is stacked over (1 outside scans).
+    label: for arguments, the pytree path of the argument leaf.
+  """
+
+  shape: tuple[int, ...]
+  dtype: str
+  nbytes: int
+  kind: str
+  name: str | None
+  module_path: str
+  primitive: str
+  source: str
+  memory_kind: str
+  stacked: int = 1
+  label: str = ""
+
+  @property
+  def what(self) -> str:
+    """A short description: the name, else the primitive or argument path."""
+    if self.kind == "argument":
+      return self.label or "argument"
+    return self.name or f"<{self.primitive}>"
+
+
+def _group(residuals: Iterable[Residual], key: Callable[[Residual], str]
+           ) -> dict[str, int]:
+  out: dict[str, int] = defaultdict(int)
+  for r in residuals:
+    out[key(r)] += r.nbytes
+  return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def module_prefix(module_path: str, depth: int | None) -> str:
+  """The first ``depth`` components of a module path (None: all of them)."""
+  parts = [p for p in module_path.split("/") if p]
+  return "/".join(parts[:depth] if depth else parts) or "(top level)"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualReport:
+  """What one policy keeps, where, how many bytes, and what it recomputes.
+
+  Attributes:
+    policy: the policy's name.
+    residuals: every residual, arguments included.
+    forward_flops: matmul/conv FLOPs of the forward pass.
+    backward_flops: matmul/conv FLOPs of the backward pass, recompute included.
+    recompute_flops: FLOPs this policy adds over the same step without remat.
+    baseline_step_flops: forward + backward FLOPs of a step without remat.
+    remat_regions: remat regions that took this policy.
+    xla: XLA ``memory_analysis()`` figures when analysed with ``compile=True``.
+    devices: number of devices the arguments are sharded over (1 if none).
+    per_device_activation_bytes: activation bytes held by one device, when
+      the arguments carry shardings.
+    warnings: why the figures may not be this policy's own: no region reads
+      it, regions with their own policy ignore it, or it keeps none of its
+      names in this model (see
+      :func:`remat_toolkit._src.findings.policy_warnings`).
+  """
+
+  policy: str
+  residuals: tuple[Residual, ...]
+  forward_flops: int
+  backward_flops: int
+  recompute_flops: int
+  baseline_step_flops: int
+  remat_regions: int
+  xla: Mapping[str, Any] | None = None
+  devices: int = 1
+  per_device_activation_bytes: int | None = None
+  warnings: tuple[str, ...] = ()
+
+  # ------------------------------------------------------------ totals
+  @property
+  def activations(self) -> tuple[Residual, ...]:
+    return tuple(r for r in self.residuals if r.kind == "activation")
+
+  @property
+  def activation_bytes(self) -> int:
+    """Activation bytes kept in device memory."""
+    return sum(r.nbytes for r in self.activations if r.memory_kind == "device")
+
+  @property
+  def offloaded_bytes(self) -> int:
+    """Activation bytes moved to host memory."""
+    return sum(r.nbytes for r in self.activations if r.memory_kind == "host")
+
+  @property
+  def argument_bytes(self) -> int:
+    """Bytes of arguments (parameters, inputs) the backward pass reads."""
+    return sum(r.nbytes for r in self.residuals if r.kind == "argument")
+
+  @property
+  def activation_bytes_per_device(self) -> int:
+    """Device activation bytes on one device (total when unsharded)."""
+    if self.per_device_activation_bytes is None:
+      return self.activation_bytes
+    return self.per_device_activation_bytes
+
+  @property
+  def recompute_percent(self) -> float:
+    """Recompute FLOPs as a percentage of a no-remat training step."""
+    if not self.baseline_step_flops:
+      return 0.0
+    return 100.0 * self.recompute_flops / self.baseline_step_flops
+
+  # ------------------------------------------------------------ groupings
+  def by_module(self, depth: int | None = 1, *, kind: str = "activation"
+                ) -> dict[str, int]:
+    """Bytes per module-path prefix of ``depth`` components (None: full)."""
+    return _group((r for r in self.residuals if r.kind == kind),
+                  lambda r: module_prefix(r.module_path, depth))
+
+  def by_name(self, *, kind: str = "activation") -> dict[str, int]:
+    """Bytes per checkpoint name (unnamed residuals by ``<primitive>``)."""
+    return _group((r for r in self.residuals if r.kind == kind),
+                  lambda r: r.what)
+
+  def by_primitive(self, *, kind: str = "activation") -> dict[str, int]:
+    """Bytes per producing primitive."""
+    return _group((r for r in self.residuals if r.kind == kind),
+                  lambda r: r.primitive)
+
+  # ------------------------------------------------------------ data out
+  def to_dict(self) -> dict[str, Any]:
+    """Plain data: totals, FLOPs and one entry per residual."""
+    return {
+        "policy": self.policy,
+        "activation_bytes": self.activation_bytes,
+        "offloaded_bytes": self.offloaded_bytes,
+        "argument_bytes": self.argument_bytes,
+        "activation_bytes_per_device": self.activation_bytes_per_device,
+        "devices": self.devices,
+        "forward_flops": self.forward_flops,
+        "backward_flops": self.backward_flops,
+        "recompute_flops": self.recompute_flops,
+        "recompute_percent": self.recompute_percent,
+        "remat_regions": self.remat_regions,
+        "xla": dict(self.xla) if self.xla else None,
+        "warnings": list(self.warnings),
+        "residuals": [dataclasses.asdict(r) for r in self.residuals],
+    }
+
+  def to_json(self, **kwargs: Any) -> str:
+    """:meth:`to_dict` as JSON."""
+    return json.dumps(self.to_dict(), **kwargs)
+
+  # ------------------------------------------------------------ display
+  def __repr__(self) -> str:
+    return (f"ResidualReport(policy={self.policy!r}, "
+            f"residuals={len(self.residuals)}, "
+            f"activation_bytes={self.activation_bytes}, "
+            f"offloaded_bytes={self.offloaded_bytes}, "
+            f"recompute_flops={self.recompute_flops}"
+            + (f", warnings={len(self.warnings)}" if self.warnings else "")
+            + ")")
+
+  def summary_lines(self) -> list[str]:
+    """The report's headline figures and warnings, one line each."""
+    from remat_toolkit._src import display
+    return display.residual_report_summary(self)
+
+  def table(self, *, depth: int | None = 2, limit: int = 40) -> str:
+    """Per-module, per-name table of activation residuals."""
+    from remat_toolkit._src import display
+    return display.residual_table(self, depth=depth, limit=limit)
+
+  def __str__(self) -> str:
+    from remat_toolkit._src import display
+    return display.to_text(self)
+
+  def _repr_html_(self) -> str:
+    from remat_toolkit._src import display
+    return display.to_html(self)
+
+  def to_dataframe(self):
+    """One row per residual (needs pandas)."""
+    from remat_toolkit._src import display
+    return display.to_dataframe(self)
+
+
+def _require(module: str, what: str):
+  from remat_toolkit._src import display
+  return display.require(module, what)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """Every policy's :class:`ResidualReport` on one function, side by side.
+
+  Attributes:
+    reports: policy name -> report, in the order compared.
+    skipped: policy name -> why it was not analysed (e.g. offloading under
+      ``jax_remat3``).
+    regions: remat regions that took the compared policies.
+    warnings: why some figures may not be the policies' own: said once for
+      the function (no region reads the policy, regions with their own
+      policy), then once per policy that keeps none of its names.
+    baseline: the report of the built-in ``save-everything`` (the constant
+      :data:`remat_toolkit._src.resolve.SAVE_EVERYTHING`, whatever the
+      catalogue holds under that name) when ``save-everything`` is among the
+      compared policies; the "% of save-everything" column is relative to it.
+  """
+
+  reports: Mapping[str, ResidualReport]
+  skipped: Mapping[str, str]
+  regions: int
+  warnings: tuple[str, ...] = ()
+  baseline: ResidualReport | None = None
+
+  def __repr__(self) -> str:
+    return (f"Comparison(policies={list(self.reports)}, "
+            f"skipped={list(self.skipped)}, regions={self.regions}"
+            + (f", warnings={len(self.warnings)}" if self.warnings else "")
+            + ")")
+
+  def pareto(self) -> dict[str, bool]:
+    """Policies no other policy beats on device bytes, recompute and offload.
+
+    Offloaded bytes count as a cost of their own (host transfers), so an
+    offloading policy does not hide the policies that move nothing.
+    """
+    from remat_toolkit._src.pareto import pareto_flags
+    criteria = [(r.activation_bytes, r.recompute_flops, r.offloaded_bytes)
+                for r in self.reports.values()]
+    return dict(zip(self.reports, pareto_flags(criteria), strict=True))
+
+  def distinctive(self, name: str, top: int = 2) -> list[str]:
+    """The largest residual groups of ``name`` not kept alike by every policy.
+
+    Residuals every compared policy keeps (the loss's softmax, say) say
+    nothing about the choice between policies, so they are left out.
+    """
+    def keys(report):
+      counts: dict[tuple, int] = defaultdict(int)
+      for r in report.activations:
+        counts[(r.what, r.module_path, r.nbytes)] += 1
+      return counts
+
+    per_policy = {n: keys(r) for n, r in self.reports.items()}
+    common = {k: min(c.get(k, 0) for c in per_policy.values())
+              for k in per_policy[name]}
+    groups: dict[str, int] = defaultdict(int)
+    for (what, _, nbytes), count in per_policy[name].items():
+      groups[what] += (count - common[(what, _, nbytes)]) * nbytes
+    ranked = sorted((b, w) for w, b in groups.items() if b > 0)
+    return [w for _, w in reversed(ranked[-top:])]
+
+  def silent_policies(self) -> frozenset[str]:
+    """Policies that keep none of their names in this model."""
+    return frozenset(n for n, r in self.reports.items()
+                     if any(w.startswith(f"policy {n!r} {KEEPS_NONE}")
+                            for w in r.warnings))
+
+  def rows(self) -> list[dict[str, Any]]:
+    """One record per policy (the table's data)."""
+    base = self.baseline.activation_bytes if self.baseline else None
+    pareto = self.pareto()
+    silent = self.silent_policies()
+    rows = []
+    for name, r in self.reports.items():
+      rows.append({
+          "policy": name,
+          "activation_bytes": r.activation_bytes,
+          "percent_of_save_everything": (100.0 * r.activation_bytes / base
+                                         if base else None),
+          "offloaded_bytes": r.offloaded_bytes,
+          "recompute_flops": r.recompute_flops,
+          "recompute_percent": r.recompute_percent,
+          "num_residuals": len(r.activations),
+          "largest": self.distinctive(name),
+          "xla_temp_bytes": (r.xla or {}).get("temp_bytes"),
+          "activation_bytes_per_device": r.activation_bytes_per_device,
+          "pareto": pareto[name],
+          "keeps_none_of_its_names": name in silent,
+      })
+    return rows
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"rows": self.rows(), "skipped": dict(self.skipped),
+            "regions": self.regions, "warnings": list(self.warnings)}
+
+  def to_json(self, **kwargs: Any) -> str:
+    return json.dumps(self.to_dict(), **kwargs)
+
+  def __str__(self) -> str:
+    from remat_toolkit._src import display
+    return display.to_text(self)
+
+  def _repr_html_(self) -> str:
+    from remat_toolkit._src import display
+    return display.to_html(self)
+
+  def to_dataframe(self):
+    """One row per policy (needs pandas)."""
+    from remat_toolkit._src import display
+    return display.to_dataframe(self)
+
+  def plot(self, ax=None):
+    """Memory (x) vs recompute (y), Pareto front joined (needs matplotlib);
+    returns the axes."""
+    from remat_toolkit._src import display
+    return display.plot(self, ax=ax)

@@ -1,0 +1,333 @@
+"""A loss function traced once, and read under any policy.
+
+:class:`TracedProgram` traces ``fn`` once with every region that reads the
+ambient policy lowered to a marker (:func:`remat_toolkit._src.lowering.
+substitute_ambient`), then substitutes each policy's lowering into the traced
+program: comparing many policies re-traces no Python code. The residuals'
+bytes are counted in :mod:`remat_toolkit._src.residuals`, their per-device
+share in :mod:`remat_toolkit._src.sharding`.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import remat_toolkit as rt
+  >>> from remat_toolkit._src.trace import TracedProgram
+  >>> f = rt.remat(lambda x: jnp.sin(jnp.sin(x)).sum())
+  >>> program = TracedProgram(f, (jax.ShapeDtypeStruct((4,), jnp.float32),))
+  >>> program.regions
+  1
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_toolkit._src import catalog
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
+from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src import sharding as _sharding
+from remat_toolkit._src.findings import policy_warnings
+from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.report import Residual
+from remat_toolkit._src.report import ResidualReport
+from remat_toolkit._src.resolve import SAVE_EVERYTHING
+
+__all__ = ["TracedProgram", "cpu_scheduler_setting"]
+
+
+class TracedProgram:
+  """A loss function traced once, analysable under any policy.
+
+  Args:
+    fn: returns a scalar loss.
+    args: its arguments: arrays, ``jax.ShapeDtypeStruct`` or pytrees of them.
+
+  Raises:
+    TypeError: if ``fn`` is not callable or an argument leaf is not an array.
+    ValueError: if ``fn`` does not return a scalar, or no argument is a
+      floating-point array (nothing to differentiate).
+  """
+
+  def __init__(self, fn: Callable[..., Any], args: Sequence[Any]):
+    if not callable(fn):
+      raise TypeError(f"fn must be a callable returning a scalar loss, got {fn!r}.")
+    leaves, self._treedef = jax.tree_util.tree_flatten(args)
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree_util.tree_flatten_with_path(args)[0]]
+    self._leaves = [_as_abstract(x, p) for x, p in zip(leaves, paths, strict=True)]
+    if not any(jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+               for x in self._leaves):
+      raise ValueError(
+          "No argument of fn is a floating-point array, so there is nothing to "
+          "differentiate and no residual to analyse; pass the parameters "
+          "(e.g. analyze(loss, params, batch)).")
+    self._paths = paths
+    self._marker = compat.policy_marker("ambient_region")
+    treedef = self._treedef
+
+    def flat_fn(*xs):
+      return fn(*jax.tree_util.tree_unflatten(treedef, xs))
+
+    with lowering.substitute_ambient(self._marker):
+      closed, out_shape = _jaxpr.trace_program(flat_fn, self._leaves)
+    out_leaves = jax.tree_util.tree_leaves(out_shape)
+    if (len(out_leaves) != 1 or out_leaves[0].shape != ()
+        or not jax.numpy.issubdtype(out_leaves[0].dtype, jax.numpy.inexact)):
+      raise ValueError(
+          f"fn must return a scalar floating-point loss, got "
+          f"{jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', out_shape)}; "
+          "reduce it, e.g. return loss.mean().")
+    self.jaxpr = closed.replace(jaxpr=_jaxpr.share_identical_regions(
+        closed.jaxpr, self._marker))
+    self.regions = _jaxpr.count_remat_regions(closed.jaxpr, self._marker)
+    self.forward_flops = _jaxpr.count_matmul_flops(closed.jaxpr)
+    self._root = _root_scope(closed.jaxpr)
+    self._region_names = _region_name_sets(closed.jaxpr, self._marker)
+    self._own_regions: list[tuple[str, str]] | None = None
+    self._steps: dict[Any, tuple[Any, int]] = {}
+    self._baseline_flops: int | None = None
+
+  @property
+  def names(self) -> frozenset[str]:
+    """Checkpoint names present anywhere in the program."""
+    return _jaxpr.names_in(self.jaxpr.jaxpr)
+
+  @property
+  def leaves(self) -> list[Any]:
+    """The arguments' leaves, abstract (``jax.ShapeDtypeStruct``)."""
+    return list(self._leaves)
+
+  @property
+  def marker(self) -> Any:
+    """The JAX policy the ambient regions were traced with (a placeholder)."""
+    return self._marker
+
+  @property
+  def ambient_names(self) -> frozenset[str]:
+    """Checkpoint names inside the regions that read the ambient policy."""
+    return frozenset().union(*self._region_names)
+
+  @property
+  def own_policy_regions(self) -> list[tuple[str, str]]:
+    """``(where, policy)`` of each remat region that has its own policy."""
+    if self._own_regions is None:
+      self._own_regions = _own_policy_regions(self.jaxpr.jaxpr, self._marker,
+                                              self._root)
+    return self._own_regions
+
+  def lowered(self, policy: Policy) -> tuple[Any, ...]:
+    """The JAX policy each distinct region name-set gets under ``policy``."""
+    return tuple(policy.to_jax(names) for names in self._region_names)
+
+  def _substituted(self, policy: Policy):
+    mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))
+    return _jaxpr.substitute_policy(
+        self.jaxpr.jaxpr, self._marker, lambda names: mapping[names])
+
+  def step(self, policy: Policy) -> _residuals.TracedStep:
+    """The traced training step under ``policy`` (cached per lowering)."""
+    key = self.lowered(policy)
+    if key not in self._steps:
+      jaxpr = self._substituted(policy)
+      try:
+        self._steps[key] = _residuals.trace_training_step(
+            jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
+      except NotImplementedError as e:
+        # JAX's remat refuses some effects (io_callback) inside a region.
+        sites = _jaxpr.effects_in_remat_regions(self.jaxpr.jaxpr)
+        if not sites:
+          raise
+        where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
+                          for s in sites)
+        raise ValueError(
+            f"fn cannot be differentiated: JAX refuses effects inside a remat "
+            f"region ({e}); found {where}. Move the callback out of the remat "
+            "region, or make it a jax.debug.callback.") from None
+    return self._steps[key]
+
+  @property
+  def baseline_step_flops(self) -> int:
+    """Forward + backward FLOPs of a step with the ambient regions removed."""
+    if self._baseline_flops is None:
+      if compat.remat3_enabled():
+        # jax 0.10's remat3 everything_saveable recomputes un-named values.
+        jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._marker)
+        step = _residuals.trace_training_step(jaxpr, self.jaxpr.consts,
+                                             self._leaves, self.forward_flops)
+      else:
+        step = self.step(SAVE_EVERYTHING)
+      self._baseline_flops = self.forward_flops + step.backward_flops
+    return self._baseline_flops
+
+  def residuals(self, policy: Policy) -> list[Residual]:
+    step = self.step(policy)
+    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    return [self._residual(o) for o in origins]
+
+  def _residual(self, o: _residuals.ResidualOrigin) -> Residual:
+    label = ""
+    path = o.module_path
+    if o.kind == "argument":
+      if o.arg_index is not None:
+        label = self._paths[o.arg_index]
+        path = _path_from_label(label)
+      else:
+        label = "constant"
+    elif self._root:
+      path = _strip_root(path, self._root)
+    return Residual(
+        shape=tuple(int(d) for d in o.aval.shape), dtype=str(o.aval.dtype),
+        nbytes=_residuals.aval_nbytes(o.aval), kind=o.kind, name=o.name,
+        module_path=path, primitive=o.primitive, source=o.source,
+        memory_kind=o.memory_kind, stacked=o.stacked, label=label)
+
+  def report(self, policy: Policy, *, compile: bool = False) -> ResidualReport:
+    """The :class:`ResidualReport` of ``policy`` on this program."""
+    residuals = tuple(self.residuals(policy))
+    step = self.step(policy)
+    base = self.baseline_step_flops
+    total = self.forward_flops + step.backward_flops
+    # The residuals' shardings are read from the traced step compiled with
+    # the arguments' shardings; unsharded programs skip that.
+    devices, per_device = _sharding.activation_bytes_per_device(
+        residuals, self._leaves, step)
+    return ResidualReport(
+        policy=policy.name, residuals=residuals,
+        forward_flops=self.forward_flops,
+        backward_flops=step.backward_flops,
+        recompute_flops=max(total - base, 0), baseline_step_flops=base,
+        remat_regions=self.regions,
+        xla=self.xla_memory(policy) if compile else None,
+        devices=devices, per_device_activation_bytes=per_device,
+        warnings=tuple(policy_warnings(self, policy)))
+
+  def xla_memory(self, policy: Policy) -> dict[str, Any]:
+    """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``."""
+    jaxpr = self._substituted(policy)
+    consts = self.jaxpr.consts
+    diff = tuple(i for i, x in enumerate(self._leaves)
+                 if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact))
+
+    def loss(*xs):
+      return compat.eval_jaxpr(jaxpr, consts, *xs)[0]
+
+    compiled = jax.jit(jax.grad(loss, argnums=diff)).lower(*self._leaves).compile()
+    stats = compiled.memory_analysis()
+    out: dict[str, Any] = {
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+    }
+    host_temp = getattr(stats, "host_temp_size_in_bytes", 0)
+    if host_temp:
+      out["host_temp_bytes"] = int(host_temp)
+    out["backend"] = jax.default_backend()
+    if jax.default_backend() == "cpu":
+      out["scheduler"] = cpu_scheduler_setting()
+    return out
+
+
+def cpu_scheduler_setting() -> str:
+  """Which XLA:CPU scheduler compiled figures were taken with."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "--xla_cpu_enable_concurrency_optimized_scheduler=false" in flags:
+    return "concurrency-optimized scheduler off (temp bytes track the policy)"
+  return ("concurrency-optimized scheduler on (XLA:CPU default; it keeps buffers "
+          "alive, hiding remat's effect; set XLA_FLAGS="
+          "--xla_cpu_enable_concurrency_optimized_scheduler=false)")
+
+
+def _as_abstract(x: Any, path: str) -> Any:
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return x
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(x, jax.Array) and sharding is not None and len(
+        getattr(sharding, "device_set", ())) > 1:
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+  if isinstance(x, (bool, int, float, complex)):
+    return jax.ShapeDtypeStruct((), np.asarray(x).dtype)
+  raise TypeError(
+      f"Argument leaf {path or '(root)'} is {x!r} of type {type(x).__name__}; "
+      "analyze takes arrays or jax.ShapeDtypeStruct leaves (close over other "
+      "values in fn, e.g. with functools.partial).")
+
+
+def _root_scope(jaxpr) -> str:
+  """The model's root scope (Flax names it after the class), if all share it."""
+  firsts = {_jaxpr.module_path(e).split("/")[0].split(".")[0]
+            for e in jaxpr.eqns}
+  firsts.discard("")
+  return firsts.pop() if len(firsts) == 1 else ""
+
+
+def _strip_root(path: str, root: str) -> str:
+  # Flax names the root scope after the model class, and a transform lifted
+  # over a method gets the scope "Root.method": drop the class name in both.
+  parts = path.split("/")
+  if parts and parts[0] == root:
+    parts = parts[1:]
+  parts = [p[len(root) + 1:] if p.startswith(root + ".") else p for p in parts]
+  # A transform lifted over a method scopes the module's name once more
+  # ("Block_0/Block_0"): one module, one path component.
+  deduped = [p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1]]
+  return "/".join(deduped)
+
+
+def _region_name_sets(jaxpr, marker) -> tuple[frozenset[str], ...]:
+  found: list[frozenset[str]] = []
+
+  def record(names):
+    if names not in found:
+      found.append(names)
+    return marker
+
+  _jaxpr.substitute_policy(jaxpr, marker, record)
+  return tuple(found)
+
+
+def _path_from_label(label: str) -> str:
+  keys = [k.strip("'\"") for k in label.replace("]", "").split("[") if k]
+  keys = [k for k in keys[1:] if k not in ("params", "'params'")]
+  return "/".join(keys[:-1])
+
+
+# ---------------------------------------------- regions with their own policy
+
+def _policy_label(jax_policy: Any, names: frozenset[str]) -> str:
+  """A catalogue name for a region's own JAX policy, else the JAX policy."""
+  # remat3 stores nothing_saveable as None; so does jax.checkpoint's default.
+  target = (jax.checkpoint_policies.nothing_saveable if jax_policy is None
+            else jax_policy)
+  for name in catalog.list_policies():
+    candidate = catalog.get_policy(name)
+    try:
+      lowered = candidate.to_jax(names)
+      same = lowered is target or bool(lowered == target)
+    except (TypeError, ValueError):  # e.g. an offloading policy under remat3
+      continue
+    if same:
+      return repr(candidate.name)
+  qualname = getattr(target, "__qualname__", None) or type(target).__name__
+  return f"the JAX policy {qualname.split('.')[0]}"
+
+
+def _own_policy_regions(jaxpr, marker, root: str) -> list[tuple[str, str]]:
+  found = []
+  for eqn in _jaxpr.walk(jaxpr):
+    if not compat.is_remat(eqn) or compat.remat_policy_of(eqn) is marker:
+      continue
+    path = _jaxpr.module_path(eqn)
+    path = _strip_root(path, root) if root else path
+    where = path or _jaxpr.source_of(eqn) or "the top level"
+    names = _jaxpr.names_in(compat.remat_body_of(eqn))
+    found.append((where, _policy_label(compat.remat_policy_of(eqn), names)))
+  return found
