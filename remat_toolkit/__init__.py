@@ -29,6 +29,7 @@ from remat_toolkit._src.frontier import frontier
 from remat_toolkit._src.grouping import nnx_scan_layers
 from remat_toolkit._src.grouping import remat_chain
 from remat_toolkit._src.grouping import scan_layers
+from remat_toolkit._src.nnx_paths import name_nnx_modules
 from remat_toolkit._src.planner import plan
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.rules import remat_modules
@@ -56,6 +57,7 @@ __all__ = [
     "remat_chain",
     "scan_layers",
     "nnx_scan_layers",
+    "name_nnx_modules",
     # inspecting them
     "analyze",
     "compare",

@@ -10,7 +10,6 @@ programs (``pytestmark = pytest.mark.usefixtures("quick_compiles")``).
 import jax
 import pytest
 
-from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -42,24 +41,3 @@ def quick_compiles():
   jax.config.update("jax_disable_most_optimizations", True)
   yield
   jax.config.update("jax_disable_most_optimizations", before)
-
-
-@pytest.fixture(autouse=True)
-def _isolated_policy_env(monkeypatch):
-  monkeypatch.delenv("REMAT_TOOLKIT_POLICY_PATH", raising=False)
-  yield
-
-
-@pytest.fixture(autouse=True)
-def restore_registry():
-  """Snapshots the process-global catalogue and puts it back afterwards."""
-  reg = catalog._REGISTRY
-  reg._ensure_loaded()
-  saved = (dict(reg._policies), dict(reg._aliases), dict(reg._sources),
-           reg._loaded_env, reg._builtins_loaded)
-  yield
-  with reg._lock:
-    (policies, aliases, sources, reg._loaded_env,
-     reg._builtins_loaded) = saved
-    reg._policies, reg._aliases, reg._sources = (
-        dict(policies), dict(aliases), dict(sources))

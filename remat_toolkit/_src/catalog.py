@@ -197,6 +197,17 @@ def load_policies(path: str | os.PathLike, *, override: bool = False
     FileNotFoundError: if ``path`` does not exist.
     ValueError: for a malformed file, naming the file, the key and what was
       expected, or a name that exists already without ``override=True``.
+
+  Example:
+    >>> import pathlib, tempfile
+    >>> import remat_toolkit as rt
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "keep-q.toml").write_text(
+    ...     "name = 'keep-q'\\nsave = ['attn.q']\\n")
+    >>> [p.name for p in rt.load_policies(folder)]
+    ['keep-q']
+    >>> rt.get_policy("keep_q").save
+    ('attn.q',)
   """
   _REGISTRY._ensure_loaded()
   items = _read_path(Path(path))
@@ -205,7 +216,26 @@ def load_policies(path: str | os.PathLike, *, override: bool = False
 
 
 def register_policy(policy: Policy, *, override: bool = False) -> Policy:
-  """Adds a :class:`Policy` built in Python to the catalogue."""
+  """Adds a :class:`Policy` built in Python to the catalogue.
+
+  Args:
+    policy: the policy to add.
+    override: replace an existing policy of the same name or alias.
+
+  Returns:
+    ``policy``, so the call can wrap its construction.
+
+  Raises:
+    TypeError: if ``policy`` is not a :class:`Policy`.
+    ValueError: if its name or an alias exists already without
+      ``override=True``.
+
+  Example:
+    >>> import remat_toolkit as rt
+    >>> _ = rt.register_policy(rt.Policy(name="keep-ffn-up", save=["ffn.up"]))
+    >>> "keep-ffn-up" in rt.list_policies()
+    True
+  """
   if not isinstance(policy, Policy):
     raise TypeError(
         f"register_policy takes a remat_toolkit.Policy, got {policy!r}; build "

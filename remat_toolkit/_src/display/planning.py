@@ -1,0 +1,156 @@
+"""Text, HTML and DataFrames of plans and frontiers."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from remat_toolkit._src import format as fmt
+from remat_toolkit._src.display import require
+from remat_toolkit._src.display import to_dataframe
+from remat_toolkit._src.display import to_html
+from remat_toolkit._src.display import to_text
+from remat_toolkit._src.frontier import Frontier
+from remat_toolkit._src.plan_result import Plan
+
+# ============================================================ Plan, Frontier
+
+
+def plan_summary_lines(plan: Plan) -> list[str]:
+  """A plan's headline: budget and what it bounds, numbers, proof, choices."""
+  fb, ff = fmt.format_bytes, fmt.format_flops
+  lines = [
+      f"{plan.policy.name}: budget {fb(plan.budget)} ({plan.bounds})"
+      + (f", group size {plan.group}" if plan.group is not None else ""),
+      f"  keeps {fb(plan.activation_bytes)} on device"
+      + (f", offloads {fb(plan.offloaded_bytes)} to host"
+         if plan.offloaded_bytes else "")
+      + f"; recomputes {ff(plan.recompute_flops)} "
+      f"({plan.recompute_percent:.1f}% of a no-remat step)",
+      f"  estimated peak {fb(plan.estimated_peak)} (kept activations + "
+      f"{fb(plan.workspace_bytes)} while one region is recomputed)",
+      ("  proven optimal: the branch and bound finished" if plan.optimal
+       else "  best measured, not proven optimal: the search stopped at "
+       "max_evaluations")
+      + f" ({plan.evaluations} analyzer evaluations)",
+  ]
+  if plan.decisions:
+    for what in ("save", "offload", "recompute"):
+      names = [n for n, d in plan.decisions.items() if d == what]
+      if names:
+        lines.append(f"  {what:<9} {', '.join(names)}")
+  else:
+    lines.append(f"  policy: {plan.policy.keeps_summary()}")
+  lines.extend(f"  warning: {w}" for w in plan.warnings)
+  return lines
+
+
+def _plan_named_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
+  rows = sorted(plan.named, key=lambda f: (not f.fits, f.cost,
+                                           f.activation_bytes))
+  body = [[f.name, fmt.format_bytes(f.activation_bytes),
+           fmt.format_bytes(f.offloaded_bytes) if f.offloaded_bytes else "-",
+           f"{f.recompute_percent:.1f}%", "yes" if f.fits else "no"]
+          for f in rows]
+  return ["named policy", "activations", "offloaded", "recompute", "fits"], body
+
+
+def _plan_group_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
+  body = []
+  for g in plan.groups:
+    label = "as given" if g.group is None else str(g.group)
+    if not g.regions:  # skipped: the layout could not be built
+      body.append([label, *["-"] * 6, "no", g.note])
+      continue
+    body.append([label, str(g.regions), fmt.format_bytes(g.boundary_bytes),
+                 fmt.format_bytes(g.workspace_bytes),
+                 fmt.format_bytes(g.activation_bytes),
+                 fmt.format_bytes(g.estimated_peak),
+                 fmt.format_flops(g.recompute_flops), "yes" if g.fits else "no",
+                 g.note])
+  return ["group", "regions", "boundaries", "workspace", "kept", "est. peak",
+          "recompute", "fits", "note"], body
+
+
+@to_text.register
+def _(plan: Plan) -> str:
+  out = plan_summary_lines(plan)
+  if plan.groups:
+    headers, body = _plan_group_rows(plan)
+    out += ["", "group sizes (estimated peak = kept activations + one "
+            "region's workspace):",
+            fmt.text_table(headers, body, right=[
+                h not in ("group", "fits", "note") for h in headers])]
+  headers, body = _plan_named_rows(plan)
+  out += ["", fmt.text_table(headers, body,
+                             right=[False, True, True, True, False])]
+  best = plan.best_builtin
+  if best is not None:
+    out.append(f"\nbest named policy that fits: {best.name} "
+               f"({best.recompute_percent:.1f}% recompute)")
+  out.append(f"use: `with rt.use_policy(plan.policy):`, or plan.register() / "
+             f"plan.save('{plan.policy.name}.toml')")
+  return "\n".join(out)
+
+
+@to_html.register
+def _(plan: Plan) -> str:
+  summary = "<br>".join(html.escape(line.strip(), quote=False)
+                        for line in plan_summary_lines(plan))
+  headers, body = _plan_named_rows(plan)
+  named = fmt.html_table(headers, body,
+                         caption="Named policies on the same model",
+                         highlight=[row[4] == "yes" for row in body])
+  groups = ""
+  if plan.groups:
+    headers, gbody = _plan_group_rows(plan)
+    groups = fmt.html_table(headers, gbody, caption="Group sizes",
+                            highlight=[g.group == plan.group for g in plan.groups])
+  return (f"<div><p style='font-family:monospace'>{summary}</p>"
+          f"{groups}{named}</div>")
+
+
+def _frontier_table(frontier: Frontier) -> tuple[list[str], list[list[str]]]:
+  body = [[p.label, p.source, fmt.format_bytes(p.activation_bytes),
+           fmt.format_bytes(p.offloaded_bytes) if p.offloaded_bytes else "-",
+           f"{p.recompute_percent:.1f}%", "*" if p.on_frontier else ""]
+          for p in frontier.points]
+  return ["policy", "source", "activations", "offloaded", "recompute",
+          "frontier"], body
+
+
+def _frontier_note(frontier: Frontier) -> str:
+  if any(p.offloaded_bytes for p in frontier.points):
+    return ("\n* = Pareto-optimal (no point is as good on device bytes, "
+            "recompute and offload, and better on one)")
+  return ("\n* = Pareto-optimal (no point keeps fewer bytes with no more "
+          "recompute)")
+
+
+@to_text.register
+def _(frontier: Frontier) -> str:
+  headers, body = _frontier_table(frontier)
+  return (fmt.text_table(headers, body,
+                         right=[False, False, True, True, True, False])
+          + _frontier_note(frontier)
+          + "".join(f"\nskipped {n}: {why}" for n, why in frontier.skipped.items())
+          + "".join(f"\nwarning: {w}" for w in frontier.warnings))
+
+
+@to_html.register
+def _(frontier: Frontier) -> str:
+  headers, body = _frontier_table(frontier)
+  notes = "".join(f"<p>skipped {html.escape(n)}: {html.escape(w)}</p>"
+                  for n, w in frontier.skipped.items())
+  return (fmt.html_table(headers, body,
+                         caption="Memory vs recompute (bold: frontier)",
+                         highlight=[p.on_frontier for p in frontier.points])
+          + notes + fmt.warnings_html(frontier.warnings))
+
+
+@to_dataframe.register
+def _(frontier: Frontier) -> Any:
+  pd = require("pandas", "Frontier.to_dataframe")
+  return pd.DataFrame(frontier.rows())
+
+

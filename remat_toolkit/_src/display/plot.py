@@ -1,0 +1,85 @@
+"""The one chart: memory kept (x) against recompute (y), Pareto front joined."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from remat_toolkit._src.display import require
+from remat_toolkit._src.frontier import Frontier
+from remat_toolkit._src.report import Comparison
+
+# ======================================================== the one plot
+# (html, dataclasses and Comparison are imported in the sections above.)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotPoint:
+  """One policy on the memory-vs-recompute chart."""
+
+  label: str
+  activation_bytes: int
+  recompute_percent: float
+  on_front: bool
+  planned: bool = False
+
+
+@functools.singledispatch
+def plot_points(result: Any) -> list[PlotPoint]:
+  """The points :func:`plot` draws for ``result`` (Frontier: see the
+  Plan, Frontier section)."""
+  raise TypeError(f"no memory-vs-recompute chart for {type(result).__name__}")
+
+
+@plot_points.register
+def _(comparison: Comparison) -> list[PlotPoint]:
+  return [PlotPoint(r["policy"], r["activation_bytes"], r["recompute_percent"],
+                    r["pareto"]) for r in comparison.rows()]
+
+
+@plot_points.register
+def _(frontier: Frontier) -> list[PlotPoint]:
+  return [PlotPoint(p.label, p.activation_bytes, p.recompute_percent,
+                    p.on_frontier, planned=p.source == "plan")
+          for p in frontier.points]
+
+
+def plot(result: Any, ax: Any = None) -> Any:
+  """Memory kept (x, MiB) vs recompute (y, % of a no-remat step).
+
+  Pareto-optimal points are red and joined by a step line (from each, the
+  least recompute affordable until the next); plans, when present, are
+  triangles. Named policies are labelled. Needs matplotlib.
+
+  Returns:
+    The matplotlib axes drawn on (a new figure's when ``ax`` is None).
+  """
+  require("matplotlib", "plot")
+  import matplotlib.pyplot as plt
+  if ax is None:
+    _, ax = plt.subplots(figsize=(7, 4.5))
+  points = plot_points(result)
+  for planned, marker, label in ((False, "o", "named policy"),
+                                 (True, "^", "plan")):
+    group = [p for p in points if p.planned == planned]
+    if group:
+      ax.scatter([p.activation_bytes / 2**20 for p in group],
+                 [p.recompute_percent for p in group], marker=marker,
+                 c=["tab:red" if p.on_front else "tab:gray" for p in group],
+                 label=label)
+  for p in points:
+    if not p.planned:
+      ax.annotate(p.label, (p.activation_bytes / 2**20, p.recompute_percent),
+                  fontsize=7, xytext=(3, 3), textcoords="offset points")
+  front = sorted((p.activation_bytes / 2**20, p.recompute_percent)
+                 for p in points if p.on_front)
+  if front:
+    ax.step(*zip(*front, strict=True), where="post", color="tab:red", lw=1)
+  ax.set_xlabel("activation memory kept (MiB)")
+  ax.set_ylabel("recompute FLOPs (% of a no-remat step)")
+  ax.set_title("remat: memory vs recompute")
+  if any(p.planned for p in points):
+    ax.legend()
+  return ax
+
