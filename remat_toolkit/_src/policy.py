@@ -18,6 +18,8 @@ import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
+import jax
+
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import tags
 
@@ -127,8 +129,7 @@ class Policy:
           f"Policy.from_jax takes a JAX checkpoint policy (a callable such as "
           f"jax.checkpoint_policies.dots_saveable), got {jax_policy!r}.")
     if name is None:
-      name = (getattr(jax_policy, "__qualname__", None)
-              or type(jax_policy).__name__)
+      name = _jax_policy_name(jax_policy)
     return cls(name=name, jax_policy=jax_policy,
                description="a policy of JAX's own, used as given")
 
@@ -312,6 +313,19 @@ class Policy:
     return ", ".join(self.offload) if self.offload else "-"
 
 
+def _jax_policy_name(jax_policy: Any) -> str:
+  """``jax.checkpoint_policies``' own name for a policy, else its qualname."""
+  # The documented names first: several are also exported under aliases.
+  documented = ("everything_saveable", "nothing_saveable", "dots_saveable",
+                "dots_with_no_batch_dims_saveable")
+  for name in (*documented, *sorted(dir(jax.checkpoint_policies))):
+    if not name.startswith("_") and getattr(
+        jax.checkpoint_policies, name, None) is jax_policy:
+      return name
+  return (getattr(jax_policy, "__qualname__", None)
+          or type(jax_policy).__name__)
+
+
 def unrunnable_reason(policy: Policy) -> str | None:
   """Why ``policy`` cannot run on this JAX now, or None when it can.
 
@@ -365,7 +379,7 @@ class Lowering:
 
   constructor: str
   args: tuple = ()
-  raw: Any = None
+  raw: Any = dataclasses.field(default=None, repr=False)
 
   def to_jax(self) -> Any:
     """The JAX policy object (one object per distinct lowering)."""
