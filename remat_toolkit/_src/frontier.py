@@ -151,10 +151,9 @@ def frontier(fn: Callable[..., Any], *args: Any,
     >>> f = rt.frontier(lambda w, x: block(w, x).sum(),
     ...                 jax.ShapeDtypeStruct((16, 64), jnp.float32),
     ...                 jax.ShapeDtypeStruct((8, 16), jnp.float32),
-    ...                 policies=["boundary-only", "save-everything"],
-    ...                 budgets=["2KiB"])
+    ...                 policies=["boundary-only"], budgets=["2KiB"])
     >>> [(p.label, p.recompute_flops, p.on_frontier) for p in f.points]
-    [('boundary-only', 16384, True), ('plan@2.0 KiB', 0, True), ('save-everything', 0, False)]
+    [('boundary-only', 16384, True), ('plan@2.0 KiB', 0, True)]
   """
   planner = Planner(fn, *args)
   chosen = resolve.resolve_policies(policies, default=_default_policies())
