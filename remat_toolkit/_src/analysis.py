@@ -27,32 +27,17 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-from remat_toolkit._src import lowering
 from remat_toolkit._src import resolve
-from remat_toolkit._src.findings import policy_warnings
-from remat_toolkit._src.findings import quiet_warnings
 from remat_toolkit._src.findings import region_warnings
 from remat_toolkit._src.findings import unmatched_names_warning
 from remat_toolkit._src.findings import warn_once
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.report import Comparison
-from remat_toolkit._src.report import Residual
 from remat_toolkit._src.report import ResidualReport
 from remat_toolkit._src.resolve import PolicyLike
 from remat_toolkit._src.trace import TracedProgram
-from remat_toolkit._src.trace import cpu_scheduler_setting
 
-# The engine, the results and the findings moved to modules of their own;
-# the planner, the benchmark and the command line still import them from here.
-__all__ = ["analyze", "compare", "Residual", "ResidualReport", "Comparison",
-           "TracedProgram", "cpu_scheduler_setting", "policy_warnings",
-           "region_warnings", "unmatched_names_warning", "warn_once",
-           "quiet_warnings", "trace_time_name_warnings_silenced"]
-
-#: Kept for callers of the old name; see
-#: :func:`remat_toolkit._src.lowering.silence_unmatched_warnings`.
-trace_time_name_warnings_silenced = lowering.silence_unmatched_warnings
-
+__all__ = ["analyze", "compare"]
 
 def analyze(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
             compile: bool = False) -> ResidualReport:

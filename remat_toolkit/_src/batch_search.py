@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import optax
 
-from remat_toolkit._src import analysis
+from remat_toolkit._src import findings
 from remat_toolkit._src import resolve
 from remat_toolkit._src import train_step
 from remat_toolkit._src.bench import policies_to_run
@@ -30,6 +30,7 @@ from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.progress import Deadline
 from remat_toolkit._src.progress import Progress
 from remat_toolkit._src.progress import one_line
+from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.workload import DEFAULT_MODEL
 from remat_toolkit._src.workload import Model
 from remat_toolkit._src.workload import Workload
@@ -127,7 +128,7 @@ class BatchFit:
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchSearch:
+class BatchSearch(Rendered):
   """Per policy, the largest micro-batch whose compiled step fits a budget.
 
   Attributes:
@@ -164,19 +165,6 @@ class BatchSearch:
     writer.writeheader()
     writer.writerows(self.rows())
     return out.getvalue()
-
-  def to_dataframe(self):
-    """One row per policy (needs pandas)."""
-    from remat_toolkit._src import display
-    return display.to_dataframe(self)
-
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
 
 
 def _affine_crossing(a: tuple[int, int], b: tuple[int, int], budget: int
@@ -313,7 +301,7 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
                        xla_flags=os.environ.get("XLA_FLAGS", ""),
                        max_batch=max_batch, skipped=skipped)
   # A policy that cannot run here is listed in ``skipped`` and raised once.
-  analysis.warn_once(unrunnable.values())
+  findings.warn_once(unrunnable.values())
   return search
 
 

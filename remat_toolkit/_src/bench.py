@@ -43,14 +43,17 @@ from typing import Any
 import jax
 import optax
 
-from remat_toolkit._src import analysis
 from remat_toolkit._src import compat as compat
+from remat_toolkit._src import findings
+from remat_toolkit._src import lowering
 from remat_toolkit._src import resolve
+from remat_toolkit._src import trace
 from remat_toolkit._src import train_step
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.progress import Deadline
 from remat_toolkit._src.progress import Progress
 from remat_toolkit._src.progress import one_line
+from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.workload import DEFAULT_MODEL
 from remat_toolkit._src.workload import Model
 from remat_toolkit._src.workload import Workload
@@ -190,7 +193,7 @@ def _with_relative(record: BenchRecord, base: BenchRecord) -> BenchRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchResult:
+class BenchResult(Rendered):
   """Every policy's measured training step, from one run.
 
   Attributes:
@@ -263,11 +266,6 @@ class BenchResult:
     writer.writerows(self.rows())
     return out.getvalue()
 
-  def to_dataframe(self):
-    """One row per record (needs pandas)."""
-    from remat_toolkit._src import display
-    return display.to_dataframe(self)
-
   def notes(self) -> list[str]:
     """What the figures mean and how they were taken, then the warnings."""
     from remat_toolkit._src import display
@@ -277,14 +275,6 @@ class BenchResult:
     """The table as Markdown (for a README), without the notes."""
     from remat_toolkit._src import display
     return display.bench_markdown(self)
-
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
 
 
 # ================================================================ running
@@ -375,7 +365,7 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
   check_divides(workload.batch_size, accums)
   runnable, unrunnable = resolve.split_runnable(chosen)
   skipped = dict(unrunnable)
-  findings, silent = _policy_findings(workload, runnable)
+  notes, silent = _policy_findings(workload, runnable)
   records = _compile_and_run(workload, runnable, accums, steps=steps,
                              warmup=warmup, deadline=deadline, skipped=skipped,
                              silent=silent, progress=progress)
@@ -385,9 +375,9 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
       backend=jax.default_backend(), device_kind=jax.devices()[0].device_kind,
       xla_flags=os.environ.get("XLA_FLAGS", ""),
       jax_remat3=compat.remat3_enabled(), skipped=skipped,
-      load_average=_load_average(), warnings=tuple(findings))
+      load_average=_load_average(), warnings=tuple(notes))
   # A policy that cannot run here is listed in ``skipped`` and raised once.
-  analysis.warn_once([*unrunnable.values(), *result.warnings])
+  findings.warn_once([*unrunnable.values(), *result.warnings])
   return result
 
 
@@ -415,12 +405,12 @@ def _policy_findings(workload: Workload, policies: Sequence[Policy]
   One trace of the loss (no compile) says whether the regions take the
   policies at all, before minutes of compiling say nothing.
   """
-  program = analysis.TracedProgram(workload.loss_fn,
+  program = trace.TracedProgram(workload.loss_fn,
                                    (workload.params, workload.batch))
-  found = analysis.region_warnings(program)
+  found = findings.region_warnings(program)
   silent = set()
   for policy in policies:
-    unmatched = analysis.unmatched_names_warning(program, policy)
+    unmatched = findings.unmatched_names_warning(program, policy)
     if unmatched:
       found.append(unmatched)
       silent.add(policy.name)
@@ -440,7 +430,7 @@ def _compile_all(plan: Sequence[tuple[Policy, int]], workload: Workload,
     tracker.start(_label(item), "compiling...")
     try:
       # The result raises a policy's absent names once; tracing would again.
-      with analysis.trace_time_name_warnings_silenced(policy.name in silent):
+      with lowering.silence_unmatched_warnings(policy.name in silent):
         item.executable, item.compile_time_s = train_step.compile_step(
             workload, policy, accum, workload.batch)
     except Exception as e:  # noqa: BLE001 - one policy must not sink the run

@@ -34,6 +34,7 @@ import optax
 from remat_toolkit._src import resolve
 from remat_toolkit._src.findings import warn_once
 from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.resolve import PolicyLike
 from remat_toolkit._src.trace import TracedProgram
 from remat_toolkit._src.trace import cpu_scheduler_setting
@@ -103,7 +104,7 @@ def _tree_bytes(tree: Any, *, inexact_only: bool = False) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Breakdown:
+class Breakdown(Rendered):
   """Bytes per category of one training step, and what remat can change.
 
   Attributes:
@@ -225,19 +226,6 @@ class Breakdown:
     """The headline figures and warnings, one line each."""
     from remat_toolkit._src import display
     return display.breakdown_summary(self)
-
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
-
-  def to_dataframe(self):
-    """One row per category (needs pandas)."""
-    from remat_toolkit._src import display
-    return display.to_dataframe(self)
 
   def to_dict(self) -> dict[str, Any]:
     """Plain data: every field, the totals, the dominant category, the verdict."""

@@ -98,12 +98,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return e.code if isinstance(e.code, int) else 2
   for note in cli_shared.deprecation_notes(args):
     cli_shared.warn(note)
-  from remat_toolkit._src import analysis
+  from remat_toolkit._src import findings
   try:
     cli_shared.load_policy_files(args)
     # Every result prints its warnings with it (JSON included); raised as
     # Python warnings too, they would show twice.
-    with analysis.quiet_warnings():
+    with findings.quiet_warnings():
       return args.run(args)
   except _USER_ERRORS as e:
     print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -106,7 +106,6 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_bench_parser(subparsers: Any) -> None:
-  # ``remat_toolkit._src.bench`` is also the function's name: import from the module.
   from remat_toolkit._src.bench import DEFAULT_MODEL
   from remat_toolkit._src.bench import DEFAULT_POLICIES
   from remat_toolkit._src.bench import DEFAULT_STEPS

@@ -20,6 +20,8 @@ import re
 import warnings
 from collections.abc import Mapping
 
+from remat_toolkit._src.rendered import Rendered
+
 __all__ = ["RematSummary", "find_blocks", "report_no_blocks", "summarize",
            "INDEXED", "Path"]
 
@@ -93,7 +95,7 @@ def report_no_blocks(model_name: str, modules: Mapping[Path, str],
 
 
 @dataclasses.dataclass(frozen=True)
-class RematSummary:
+class RematSummary(Rendered):
   """What :func:`remat_modules` made remat regions of; ``print`` it.
 
   Attributes:
@@ -111,14 +113,6 @@ class RematSummary:
   classes: tuple[str, ...] = ()
   regions: tuple[str, ...] = ()
   ran: bool = True
-
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
 
 
 def summarize(model_name: str, auto: bool,

@@ -24,6 +24,7 @@ from remat_toolkit._src.pareto import pareto_flags
 from remat_toolkit._src.planner import DEFAULT_MAX_EVALUATIONS
 from remat_toolkit._src.planner import Planner
 from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.report import ResidualReport
 
 __all__ = ["frontier", "Frontier", "FrontierPoint"]
@@ -66,7 +67,7 @@ class FrontierPoint:
 
 
 @dataclasses.dataclass(frozen=True)
-class Frontier:
+class Frontier(Rendered):
   """The memory-vs-recompute Pareto frontier of named policies and plans.
 
   Attributes:
@@ -93,19 +94,6 @@ class Frontier:
              "recompute_flops": p.recompute_flops,
              "recompute_percent": p.recompute_percent, "budget": p.budget,
              "on_frontier": p.on_frontier} for p in self.points]
-
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
-
-  def to_dataframe(self):
-    """One row per point (needs pandas)."""
-    from remat_toolkit._src import display
-    return display.to_dataframe(self)
 
   def plot(self, ax=None):
     """Memory (x) vs recompute (y), frontier joined, plans marked (needs

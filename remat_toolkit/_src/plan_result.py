@@ -32,6 +32,7 @@ from remat_toolkit._src.format import format_flops
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.policy_toml import policy_record
 from remat_toolkit._src.policy_toml import policy_toml
+from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.report import ResidualReport
 
 __all__ = ["Plan", "NamedFit", "GroupEstimate", "KEPT_ACTIVATIONS",
@@ -126,7 +127,7 @@ class GroupEstimate:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(Rendered):
   """The policy with the least recompute that fits a budget, and its numbers.
 
   Attributes:
@@ -256,14 +257,6 @@ class Plan:
     return "\n".join(head + [policy_toml(self.policy), ""])
 
   # ------------------------------------------------------------ display
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
-
   # ------------------------------------------------------------ data
   def to_dict(self) -> dict[str, Any]:
     """Plain data: the policy, the numbers, the named policies, the groups."""

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remat_toolkit._src.findings import KEEPS_NONE
+from remat_toolkit._src.rendered import Rendered
 
 __all__ = ["Residual", "ResidualReport", "Comparison"]
 
@@ -82,7 +83,7 @@ def module_prefix(module_path: str, depth: int | None) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class ResidualReport:
+class ResidualReport(Rendered):
   """What one policy keeps, where, how many bytes, and what it recomputes.
 
   Attributes:
@@ -210,27 +211,9 @@ class ResidualReport:
     from remat_toolkit._src import display
     return display.residual_table(self, depth=depth, limit=limit)
 
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
-
-  def to_dataframe(self):
-    """One row per residual (needs pandas)."""
-    from remat_toolkit._src import display
-    return display.to_dataframe(self)
-
-
-def _require(module: str, what: str):
-  from remat_toolkit._src import display
-  return display.require(module, what)
-
 
 @dataclasses.dataclass(frozen=True)
-class Comparison:
+class Comparison(Rendered):
   """Every policy's :class:`ResidualReport` on one function, side by side.
 
   Attributes:
@@ -327,19 +310,6 @@ class Comparison:
 
   def to_json(self, **kwargs: Any) -> str:
     return json.dumps(self.to_dict(), **kwargs)
-
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
-
-  def to_dataframe(self):
-    """One row per policy (needs pandas)."""
-    from remat_toolkit._src import display
-    return display.to_dataframe(self)
 
   def plot(self, ax=None):
     """Memory (x) vs recompute (y), Pareto front joined (needs matplotlib);

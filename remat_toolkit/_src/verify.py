@@ -58,6 +58,7 @@ from remat_toolkit._src.findings import warn_once
 from remat_toolkit._src.inputs import concrete_leaves as _concrete_leaves
 from remat_toolkit._src.inputs import random_inputs
 from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.report import Residual
 from remat_toolkit._src.resolve import PolicyLike
 from remat_toolkit._src.trace import TracedProgram
@@ -78,7 +79,7 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 # ================================================================ the result
 
 @dataclasses.dataclass(frozen=True)
-class Verification:
+class Verification(Rendered):
   """What :func:`verify` found about one policy on one function.
 
   Attributes:
@@ -147,14 +148,6 @@ class Verification:
     """What was found, one line each."""
     from remat_toolkit._src import display
     return display.verification_summary(self)
-
-  def __str__(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_text(self)
-
-  def _repr_html_(self) -> str:
-    from remat_toolkit._src import display
-    return display.to_html(self)
 
   def to_dict(self) -> dict[str, Any]:
     """Plain data, with ``passed`` and ``problems``."""

@@ -73,7 +73,7 @@ def _bench_figure_notes(result: BenchResult) -> list[str]:
 
 
 def _cpu_notes(load_average: float | None) -> list[str]:
-  from remat_toolkit._src.analysis import cpu_scheduler_setting
+  from remat_toolkit._src.trace import cpu_scheduler_setting
   out = [
       "CPU figures: step times are XLA:CPU's and do not predict an "
       "accelerator's. XLA:CPU's compiled memory follows the policy "
@@ -139,7 +139,7 @@ def _batch_search_text(search: BatchSearch) -> str:
            f"{search.max_batch}; {search.backend}; "
            f"XLA_FLAGS={search.xla_flags or '(unset)'}."]
   if search.backend == "cpu":
-    from remat_toolkit._src.analysis import cpu_scheduler_setting
+    from remat_toolkit._src.trace import cpu_scheduler_setting
     lines.append("XLA:CPU scheduler: " + cpu_scheduler_setting() + ".")
   lines += [f"skipped {n}: {why}" for n, why in search.skipped.items()]
   return "\n".join(lines)
