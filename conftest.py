@@ -17,14 +17,6 @@ def _isolated_policy_env(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def restore_registry():
-  """Snapshots the process-global catalogue and puts it back afterwards."""
-  reg = catalog._REGISTRY
-  reg._ensure_loaded()
-  saved = (dict(reg._policies), dict(reg._aliases), dict(reg._sources),
-           reg._loaded_env, reg._builtins_loaded)
-  yield
-  with reg._lock:
-    (policies, aliases, sources, reg._loaded_env,
-     reg._builtins_loaded) = saved
-    reg._policies, reg._aliases, reg._sources = (
-        dict(policies), dict(aliases), dict(sources))
+  """Each test and example gets the process-global catalogue back as it was."""
+  with catalog.isolated():
+    yield

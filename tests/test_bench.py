@@ -20,7 +20,7 @@ from remat_toolkit._src import cli
 from remat_toolkit._src import compat
 from remat_toolkit._src import inputs
 from remat_toolkit._src import train_step
-from remat_toolkit._src.batch_search import _search
+from remat_toolkit._src.batch_search import search_largest
 from remat_toolkit._src.batch_search import step_memory
 from remat_toolkit._src.progress import Deadline
 from remat_toolkit._src.train_step import make_train_step
@@ -233,7 +233,7 @@ def test_search_finds_the_exact_limit(fixed, per_example, step, quadratic,
   def measure(n):
     return fixed + per_example * (-(-n // step) * step) + quadratic * n * n
 
-  good, bad, tries = _search(measure, budget, cap)
+  good, bad, tries = search_largest(measure, budget, cap)
   assert good == _brute_force(measure, budget, cap)
   assert bad == (None if good == cap else good + 1)
   assert len({n for n, _ in tries}) == len(tries)  # no size compiled twice
@@ -241,7 +241,7 @@ def test_search_finds_the_exact_limit(fixed, per_example, step, quadratic,
 
 
 def test_search_needs_few_compiles_when_memory_is_affine():
-  _, _, tries = _search(lambda n: 1000 + 37 * n, 1000 + 37 * 300 + 5, 4096)
+  _, _, tries = search_largest(lambda n: 1000 + 37 * n, 1000 + 37 * 300 + 5, 4096)
   assert len(tries) <= 5
 
 

@@ -10,8 +10,7 @@ from remat_toolkit._src import catalog
 
 def _lookups():
   """Every name and alias, and the policy it resolves to."""
-  reg = catalog._REGISTRY
-  names = rt.list_policies() + sorted(reg._aliases)
+  names = rt.list_policies() + sorted(catalog.aliases())
   return rt.list_policies(), {n: rt.get_policy(n) for n in names}
 
 

@@ -20,9 +20,10 @@ from remat_toolkit._src import compat as compat
 
 
 @pytest.fixture
-def fresh_catalogue(monkeypatch):
+def fresh_catalogue():
   # Loaded files replace built-ins (override=True): keep them to one test.
-  monkeypatch.setattr(catalog, "_REGISTRY", catalog._Registry())
+  with catalog.isolated(fresh=True):
+    yield
 
 
 def _run(capsys, *argv):

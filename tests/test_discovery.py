@@ -26,6 +26,7 @@ import remat_toolkit as rt
 from remat_toolkit import models
 from remat_toolkit._src import discovery
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src.inputs import random_tree
 from remat_toolkit.results import RematSummary
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -151,7 +152,7 @@ def nnx_loss(model):
   """``(params, tokens) -> scalar`` and the params; the rest of the state
   (rng keys and counts) is made real, as build_loss does."""
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  rest = jax.tree.map(models._materialize, rest)
+  rest = random_tree(rest)
 
   def loss(params, tokens):
     live = nnx.merge(graphdef, params, rest, copy=True)

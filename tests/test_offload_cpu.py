@@ -67,7 +67,7 @@ def test_offloading_gradients_run_jitted_on_cpu_and_equal_no_remat():
   want = [ref_loss, *jax.tree_util.tree_leaves(ref_grads)]
   labels = ["loss"] * len(want)
   for name, (loss, grads) in zip(OFFLOADING, results, strict=True):
-    diff = verify_module._compare([loss, *jax.tree_util.tree_leaves(grads)],
+    diff = verify_module.compare_values([loss, *jax.tree_util.tree_leaves(grads)],
                                   want, labels, 1e-5, 0.0)
     assert diff.ok, (name, diff)
 

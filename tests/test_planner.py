@@ -216,8 +216,9 @@ def test_budget_strings_and_bad_budgets():
 
 
 @pytest.fixture
-def fresh_catalogue(monkeypatch):
-  monkeypatch.setattr(catalog, "_REGISTRY", catalog._Registry())
+def fresh_catalogue():
+  with catalog.isolated(fresh=True):
+    yield
 
 
 def test_plan_does_not_register_until_asked(fresh_catalogue):

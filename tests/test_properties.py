@@ -122,7 +122,7 @@ def assert_same_gradients(config, policies, reference, results):
   labels = ["loss"] + [jax.tree_util.keystr(p) for p, _ in
                        jax.tree_util.tree_flatten_with_path(ref_grads)[0]]
   for name, (loss, grads) in zip(policies, results, strict=True):
-    diff = verify_module._compare(
+    diff = verify_module.compare_values(
         [loss, *jax.tree_util.tree_leaves(grads)], want, labels, rtol, atol)
     assert diff.ok, (name, diff)
 

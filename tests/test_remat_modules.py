@@ -126,7 +126,7 @@ def test_linen_same_variables_and_outputs():
 
 
 def test_linen_policies(remat_mode, monkeypatch):
-  monkeypatch.setattr(lowering, "_warned", set())
+  lowering.reset_unmatched_warnings()
   plain = grad_of(linen_loss(Model()), VARIABLES)
   for policy in POLICIES:
     model = rt.remat_modules(Model(), {"Block_*": policy})
@@ -181,7 +181,7 @@ def test_linen_ambient_policy():
 
 
 def test_linen_without_tag_outputs_warns(monkeypatch):
-  monkeypatch.setattr(lowering, "_warned", set())
+  lowering.reset_unmatched_warnings()
   model = rt.remat_modules(Model(), {"Block": "save-attention"},
                            tag_outputs=False)
   with pytest.warns(UserWarning, match="save-attention.*no checkpoint names"):
@@ -294,7 +294,7 @@ def nnx_reference(jax_policy, train=False):
 
 
 def test_nnx_policies(remat_mode, monkeypatch):
-  monkeypatch.setattr(lowering, "_warned", set())
+  lowering.reset_unmatched_warnings()
   plain_loss, params, rest = nnx_loss_and_args(nnx_model())
   plain = grad_of(plain_loss, params, rest)
   for policy in POLICIES:

@@ -419,7 +419,7 @@ def test_glob_matches_names_never_seen_before(remat_mode):
 
 
 def test_unmatched_patterns_warn_once(monkeypatch):
-  monkeypatch.setattr(lowering, "_warned", set())
+  lowering.reset_unmatched_warnings()
   f = rt.remat(lambda x: jnp.sin(rt.tag(x * 2, "ffn.up")).sum(),
                policy="save-attention")
   with pytest.warns(UserWarning, match=r"'save-attention'.*\['ffn.up'\]"):
@@ -748,11 +748,11 @@ def test_every_entry_point_accepts_what_the_resolver_accepts(policy):
 
 def test_a_jax_policy_needs_no_name_discovery():
   # A raw JAX policy decides what it keeps by itself: nothing to expand.
-  assert not transform._names_decide_policy(cp.dots_saveable)
-  assert not transform._names_decide_policy(rt.Policy.from_jax(cp.dots_saveable))
-  assert transform._names_decide_policy("save-ffn")
+  assert not transform.names_decide_policy(cp.dots_saveable)
+  assert not transform.names_decide_policy(rt.Policy.from_jax(cp.dots_saveable))
+  assert transform.names_decide_policy("save-ffn")
   with rt.use_policy(cp.dots_saveable):
-    assert not transform._names_decide_policy(None)
+    assert not transform.names_decide_policy(None)
 
 
 def test_name_nnx_modules_refuses_what_is_not_an_nnx_module():

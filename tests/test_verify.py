@@ -341,7 +341,7 @@ def test_default_tolerances_follow_the_narrowest_dtype():
 
 
 def test_comparison_is_scaled_by_the_whole_gradient():
-  compare = verify_module._compare
+  compare = verify_module.compare_values
   ref = [np.float32(2.0), np.array([1.0, -4.0]), np.array([0.0, 0.0])]
   # Rounding noise on a leaf whose exact gradient is zero passes...
   noisy = [np.float32(2.0), np.array([1.0, -4.0]), np.array([1e-7, 0.0])]

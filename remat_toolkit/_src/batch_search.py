@@ -38,7 +38,8 @@ from remat_toolkit._src.workload import build_options
 from remat_toolkit._src.workload import build_workload
 from remat_toolkit._src.workload import check_positive_int
 
-__all__ = ["largest_batch", "step_memory", "BatchFit", "BatchSearch"]
+__all__ = ["largest_batch", "step_memory", "search_largest", "BatchFit",
+           "BatchSearch"]
 
 _DEFAULT_MAX_BATCH = 4096
 
@@ -176,7 +177,7 @@ def _affine_crossing(a: tuple[int, int], b: tuple[int, int], budget: int
   return n1 + (budget - m1) * (n2 - n1) // (m2 - m1)
 
 
-def _search(measure: Callable[[int], int], budget: int, max_batch: int
+def search_largest(measure: Callable[[int], int], budget: int, max_batch: int
             ) -> tuple[int, int | None, list[tuple[int, int]]]:
   """The largest size in ``[1, max_batch]`` whose bytes fit ``budget``.
 
@@ -335,7 +336,7 @@ def _fit_policy(workload: Workload, policy: Policy, budget: int,
     tracker.update(policy.name, f"compiling micro-batch {size}", detail=True)
     return _step_memory(workload, policy, size)["peak_bytes"]
 
-  good, bad, tries = _search(measure, budget, max_batch)
+  good, bad, tries = search_largest(measure, budget, max_batch)
   measured = dict(tries)
   return BatchFit(policy=policy.name, batch=good,
                   bytes=measured.get(good), over_batch=bad,

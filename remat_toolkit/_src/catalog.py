@@ -14,9 +14,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from remat_toolkit._src.policy import Policy
@@ -26,7 +28,8 @@ from remat_toolkit._src.policy_toml import parse_policy_file
 # parse_policy_file lives beside the writer in policy_toml; the command line
 # and the tests still reach it as catalog.parse_policy_file.
 
-__all__ = ["get_policy", "list_policies", "load_policies", "POLICY_PATH_ENV",
+__all__ = ["get_policy", "list_policies", "load_policies", "register_policy",
+           "policy_source", "aliases", "isolated", "POLICY_PATH_ENV",
            "builtin_policy_dir"]
 
 POLICY_PATH_ENV = "REMAT_TOOLKIT_POLICY_PATH"
@@ -51,6 +54,22 @@ class _Registry:
     self._sources: dict[str, str] = {}
     self._loaded_env: str | None = None
     self._builtins_loaded = False
+
+  def copy(self) -> _Registry:
+    """An independent registry holding the same policies."""
+    self._ensure_loaded()
+    with self._lock:
+      other = _Registry()
+      other._policies = dict(self._policies)
+      other._aliases = dict(self._aliases)
+      other._sources = dict(self._sources)
+      other._loaded_env = self._loaded_env
+      other._builtins_loaded = self._builtins_loaded
+      return other
+
+  def aliases(self) -> dict[str, str]:
+    with self._lock:
+      return dict(self._aliases)
 
   def _ensure_loaded(self) -> None:
     with self._lock:
@@ -134,6 +153,32 @@ def _drop(key: str, policies: dict, aliases: dict, sources: dict) -> None:
 
 
 _REGISTRY = _Registry()
+
+
+@contextlib.contextmanager
+def isolated(*, fresh: bool = False) -> Iterator[None]:
+  """The catalogue inside the block is put back as it was afterwards.
+
+  The catalogue is process-global; tests and examples that register or load
+  policies run inside this so they leave nothing behind.
+
+  Args:
+    fresh: start the block from the built-ins alone (no policies registered
+      or loaded before it).
+  """
+  global _REGISTRY
+  saved = _REGISTRY
+  _REGISTRY = _Registry() if fresh else saved.copy()
+  try:
+    yield
+  finally:
+    _REGISTRY = saved
+
+
+def aliases() -> dict[str, str]:
+  """Every alias and the canonical name it stands for."""
+  _REGISTRY._ensure_loaded()
+  return _REGISTRY.aliases()
 
 
 def get_policy(name: str | Policy) -> Policy:

@@ -31,7 +31,8 @@ from remat_toolkit._src import resolve
 from remat_toolkit._src.resolve import PolicyLike
 
 __all__ = ["region_jax_policy", "substitute_ambient", "ambient_substituted",
-           "warn_if_unmatched", "silence_unmatched_warnings"]
+           "warn_if_unmatched", "silence_unmatched_warnings",
+           "reset_unmatched_warnings"]
 
 _substitute: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "remat_toolkit_ambient_substitute", default=None)
@@ -76,6 +77,11 @@ def substitute_ambient(jax_policy: Any) -> Iterator[None]:
 def ambient_substituted() -> bool:
   """Whether :func:`substitute_ambient` is active (the analyzer is tracing)."""
   return _substitute.get() is not None
+
+
+def reset_unmatched_warnings() -> None:
+  """Forgets which unmatched-name warnings were given, so they warn again."""
+  _warned.clear()
 
 
 def warn_if_unmatched(policy: PolicyLike, names: Iterable[str],

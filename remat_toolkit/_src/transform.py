@@ -47,7 +47,7 @@ from remat_toolkit._src import trace_cache
 from remat_toolkit._src.resolve import PolicyLike
 from remat_toolkit._src.trace_cache import is_array
 
-__all__ = ["remat", "remat_region"]
+__all__ = ["remat", "remat_region", "names_decide_policy"]
 
 
 # ---------------------------------------------------------------- settings
@@ -158,7 +158,7 @@ def _split_static(spec: RegionSpec, args: tuple, kwargs: dict
 
 # ---------------------------------------------------------------- the region
 
-def _names_decide_policy(policy: PolicyLike) -> bool:
+def names_decide_policy(policy: PolicyLike) -> bool:
   """Whether this region's lowering (or its warning) depends on its names."""
   if policy is None and lowering.ambient_substituted():
     # The analyzer gives regions that read the ambient policy one policy per
@@ -175,7 +175,7 @@ def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
                        inputs: tuple) -> Any:
   """Replays a traced region inside one ``jax.checkpoint``, its policy
   lowered against the names the trace contains."""
-  if _names_decide_policy(spec.policy):
+  if names_decide_policy(spec.policy):
     lowering.warn_if_unmatched(spec.policy, traced.names, spec.where)
   jax_policy = lowering.region_jax_policy(spec.policy, traced.names)
   return jax.checkpoint(traced.replay(), policy=jax_policy,
@@ -197,7 +197,7 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
     return pure(*prefix_, *a, **kw)
 
   inputs = (prefix, dynamic)
-  if _names_decide_policy(spec.policy):
+  if names_decide_policy(spec.policy):
     return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs)
   jax_policy = lowering.region_jax_policy(spec.policy, tags.known_names())
   return jax.checkpoint(body, policy=jax_policy,

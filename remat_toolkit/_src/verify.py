@@ -63,7 +63,8 @@ from remat_toolkit._src.report import Residual
 from remat_toolkit._src.resolve import PolicyLike
 from remat_toolkit._src.trace import TracedProgram
 
-__all__ = ["Verification", "verify", "default_tolerances", "random_inputs"]
+__all__ = ["Verification", "verify", "default_tolerances", "random_inputs",
+           "compare_values"]
 
 #: ``(rtol, atol)`` by the narrowest floating dtype the program computes in.
 #: Two compilations of one program may fuse and reduce in another order, so
@@ -216,7 +217,7 @@ def _max_abs(x: Any) -> float:
   return float(np.max(np.abs(x[np.isfinite(x)]), initial=0.0))
 
 
-def _compare(got: Sequence[Any], want: Sequence[Any], labels: Sequence[str],
+def compare_values(got: Sequence[Any], want: Sequence[Any], labels: Sequence[str],
              rtol: float, atol: float) -> _Diff:
   """Norm-wise comparison, each leaf against the scale of its group.
 
@@ -483,7 +484,7 @@ def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
   paths = [jax.tree_util.keystr(p) for p, _ in
            jax.tree_util.tree_flatten_with_path(args)[0]]
   labels = ["loss"] + [paths[i] or f"argument {i}" for i in diff_idx]
-  return _compare([loss, *grads], [ref_loss, *ref_grads], labels, rtol,
+  return compare_values([loss, *grads], [ref_loss, *ref_grads], labels, rtol,
                   atol), inputs
 
 
