@@ -329,11 +329,6 @@ def is_remat(eqn: JaxprEqn) -> bool:
           and isinstance(eqn.params.get("_prim"), _RematTraced))
 
 
-def is_remat3_region(eqn: JaxprEqn) -> bool:
-  """Whether ``eqn`` is a region of remat3 (an opaque hijax primitive)."""
-  return is_remat(eqn) and eqn.primitive is not remat_p
-
-
 def remat_policy_of(eqn: JaxprEqn) -> Any:
   """The policy of a remat equation (remat3 stores ``nothing_saveable`` as None)."""
   if eqn.primitive is remat_p:

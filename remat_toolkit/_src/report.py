@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remat_toolkit._src.findings import KEEPS_NONE
+from remat_toolkit._src.pareto import pareto_flags
 from remat_toolkit._src.rendered import Rendered
 
 __all__ = ["Residual", "ResidualReport", "Comparison"]
@@ -248,7 +249,6 @@ class Comparison(Rendered):
     Offloaded bytes count as a cost of their own (host transfers), so an
     offloading policy does not hide the policies that move nothing.
     """
-    from remat_toolkit._src.pareto import pareto_flags
     criteria = [(r.activation_bytes, r.recompute_flops, r.offloaded_bytes)
                 for r in self.reports.values()]
     return dict(zip(self.reports, pareto_flags(criteria), strict=True))
