@@ -495,7 +495,7 @@ def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
                                        strict=True):
       jaxpr = jax.make_jaxpr(program)(*args).jaxpr
       assert _jaxpr.count_remat_regions(jaxpr) == expected
-      assert _jaxpr.count_remat_regions(jaxpr, marker) == expected
+      assert _jaxpr.count_remat_regions(jaxpr, (marker,)) == expected
 
 
 def test_replayed_region_keeps_module_paths(remat_mode):

@@ -43,6 +43,7 @@ __all__ = [
     "is_remat", "is_scan", "scan_num_carry", "remat_policy_of", "remat_body_of", "with_remat",
     "bind_remat", "is_scope", "module_scopes", "drop_leading_scopes",
     "prefix_scopes", "eval_context", "user_source", "flax_lift_pack",
+    "linen_scope_path",
     "linen_lift_transform", "linen_decorator_lift_transform",
 ]
 
@@ -468,6 +469,19 @@ def flax_lift_pack(inner: Callable[..., Any], name: str) -> Callable[..., Any]:
   from flax.core import lift
   return lift.pack(inner, (True,), (True,), (True,), name=name,
                    enable_kwargs=True)
+
+
+def linen_scope_path(scope_tree: Any) -> tuple[str, ...]:
+  """The module path of the module a linen lifted transform is applied to.
+
+  Flax passes the scopes of module arguments and attributes first and the
+  module's own scope last (``linen.transforms.get_module_scopes``).
+  """
+  from flax.core import Scope
+  scopes = [s for s in jax.tree_util.tree_leaves(
+      scope_tree, is_leaf=lambda x: isinstance(x, Scope))
+            if isinstance(s, Scope)]
+  return tuple(str(p) for p in scopes[-1].path) if scopes else ()
 
 
 def linen_lift_transform(transform: Callable[..., Any], target: Any,

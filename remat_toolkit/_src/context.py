@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from remat_toolkit._src import catalog
+from remat_toolkit._src import region_keys
 from remat_toolkit._src import resolve
 from remat_toolkit._src.policy import Policy
 
@@ -35,10 +36,15 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
   """Sets the ambient policy for regions traced inside the block.
 
   Regions built with ``policy=None`` read it when they are traced, so one
-  model can be compared under many policies without editing it.
+  model can be compared under many policies without editing it. Under a
+  per-region policy (a plan made with ``per_layer=True``) each region takes
+  the policy of its own key: its module path, or for regions of plain
+  functions its position among those traced inside the block (``#0``,
+  ``#1``, ...).
 
   Args:
-    policy: a policy name, a :class:`Policy` or a raw JAX policy (what every
+    policy: a policy name, a :class:`Policy`, a plan from
+      :func:`remat_toolkit.plan`, or a raw JAX policy (what every
       ``policy=`` accepts, except None: the ambient policy is what this
       sets).
 
@@ -64,7 +70,8 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
   resolved = resolve.resolve_policy(policy, argument="use_policy's policy")
   token = _ambient.set(resolved)
   try:
-    yield resolved
+    with region_keys.counting():
+      yield resolved
   finally:
     _ambient.reset(token)
 

@@ -180,7 +180,9 @@ def _chunk_region(chunk: tuple[Any, ...], kind: str, index: int,
     def fn(layers, x, **kwargs):
       return _apply(layers, x, kwargs)
   return transform.remat_region(fn, policy=policy, prevent_cse=prevent_cse,
-                               where=where)
+                               where=where,
+                               name=f"remat_group_{index}" if kind == "linen"
+                               else None)
 
 
 def remat_chain(layers: Sequence[Callable[..., Any]], x: Any, *,

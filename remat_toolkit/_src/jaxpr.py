@@ -166,10 +166,37 @@ def names_in(jaxpr: Jaxpr) -> frozenset[str]:
                    if n is not None)
 
 
-def count_remat_regions(jaxpr: Jaxpr, marker: Any = None) -> int:
-  """Remat regions in ``jaxpr`` (only those with policy ``marker`` if given)."""
+def walk_with_trips(jaxpr: Jaxpr, trips: int = 1
+                    ) -> Iterator[tuple[JaxprEqn, int]]:
+  """Like :func:`walk`, with how often each equation runs per call: the
+  product of the lengths of the scans around it."""
+  for eqn in jaxpr.eqns:
+    yield eqn, trips
+    for sub in sub_jaxprs(eqn):
+      yield from walk_with_trips(sub, trips * scan_length(eqn))
+
+
+def region_signature(eqn: JaxprEqn) -> str:
+  """Text equal for remat regions that compute the same thing anywhere.
+
+  The body with the module scopes all its equations share dropped (the
+  unrolled layers of a model differ only there), and the region's input
+  types.
+  """
+  body = compat.remat_body_of(eqn)
+  prefix = _common_scopes(body)
+  if prefix:
+    body = body.replace(eqns=[compat.drop_leading_scopes(e, len(prefix))
+                              for e in body.eqns])
+  inputs = " ".join(v.aval.str_short() for v in eqn.invars)
+  return f"{inputs}\n{body}"
+
+
+def count_remat_regions(jaxpr: Jaxpr, markers: Any = None) -> int:
+  """Remat regions in ``jaxpr`` (only those whose policy is ``in markers``,
+  if given: a container of placeholder policies)."""
   return sum(1 for e in walk(jaxpr) if compat.is_remat(e) and (
-      marker is None or compat.remat_policy_of(e) is marker))
+      markers is None or compat.remat_policy_of(e) in markers))
 
 
 def float_dtypes_in(jaxpr: Jaxpr) -> frozenset[Any]:
@@ -289,17 +316,19 @@ def count_matmul_flops(jaxpr: Jaxpr) -> int:
 
 # ---------------------------------------------------------------- rewrites
 
-def substitute_policy(jaxpr: Jaxpr, marker: Any,
-                      choose: Callable[[frozenset[str]], Any]) -> Jaxpr:
-  """Replaces the policy of every remat region whose policy is ``marker``.
+def substitute_policy(jaxpr: Jaxpr, markers: Any,
+                      choose: Callable[[Any, frozenset[str]], Any]) -> Jaxpr:
+  """Replaces the policy of every remat region whose policy is ``in markers``.
 
-  ``choose(names_in_region)`` gives the JAX policy for each such region. The
-  rest of the program is shared, not re-traced.
+  ``choose(marker, names_in_region)`` gives the JAX policy for each such
+  region. The rest of the program is shared, not re-traced.
   """
   def on_eqn(eqn, recurse):
-    if compat.is_remat(eqn) and compat.remat_policy_of(eqn) is marker:
+    policy = compat.remat_policy_of(eqn) if compat.is_remat(eqn) else None
+    if policy is not None and policy in markers:
       body = compat.remat_body_of(eqn)
-      return compat.with_remat(eqn, recurse(body), choose(names_in(body)))
+      return compat.with_remat(eqn, recurse(body),
+                               choose(policy, names_in(body)))
     return None
 
   return rewrite(jaxpr, on_eqn)
@@ -315,8 +344,8 @@ def set_every_region_policy(jaxpr: Jaxpr, policy: Any) -> Jaxpr:
   return rewrite(jaxpr, on_eqn)
 
 
-def inline_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
-  """``jaxpr`` with every remat region whose policy is ``marker`` inlined.
+def inline_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
+  """``jaxpr`` with every remat region whose policy is ``in markers`` inlined.
 
   The result is the program without those regions: what a training step
   costs with no remat at all (under jax 0.10's remat3, ``everything_saveable`` still
@@ -324,7 +353,7 @@ def inline_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
   whose body captured constants stays a region.
   """
   def on_eqn(eqn, recurse):
-    if not (compat.is_remat(eqn) and compat.remat_policy_of(eqn) is marker
+    if not (compat.is_remat(eqn) and compat.remat_policy_of(eqn) in markers
             and not compat.remat_body_consts(eqn)):
       return None
     body = recurse(compat.remat_body_of(eqn))
@@ -354,16 +383,17 @@ def strip_remat(jaxpr: Jaxpr) -> tuple[Jaxpr, int]:
   Returns:
     ``(jaxpr, regions_left)``.
   """
-  marker = compat.policy_marker("strip")
-  inlined = inline_regions(set_every_region_policy(jaxpr, marker), marker)
-  left = count_remat_regions(inlined, marker)
+  markers = (compat.policy_marker("strip"),)
+  inlined = inline_regions(set_every_region_policy(jaxpr, markers[0]), markers)
+  left = count_remat_regions(inlined, markers)
   if left:
     inlined = substitute_policy(
-        inlined, marker, lambda _: jax.checkpoint_policies.everything_saveable)
+        inlined, markers,
+        lambda *_: jax.checkpoint_policies.everything_saveable)
   return inlined, left
 
 
-def share_identical_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
+def share_identical_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
   """Makes structurally identical remat bodies one shared jaxpr object.
 
   The unrolled layers of a model trace to equal bodies that differ only in
@@ -378,7 +408,8 @@ def share_identical_regions(jaxpr: Jaxpr, marker: Any) -> Jaxpr:
   shared: dict[str, Jaxpr] = {}
 
   def on_eqn(eqn, recurse):
-    if (eqn.primitive is compat.remat_p and compat.remat_policy_of(eqn) is marker
+    if (eqn.primitive is compat.remat_p
+        and compat.remat_policy_of(eqn) in markers
         and not compat.remat_body_of(eqn).constvars):
       return _share_body(eqn, shared)
     return None

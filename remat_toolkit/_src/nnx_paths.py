@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["name_nnx_modules", "region_scopes"]
+__all__ = ["name_nnx_modules", "region_scopes", "path_of"]
 
 _nnx_module_path: contextvars.ContextVar[tuple[str, ...] | None] = (
     contextvars.ContextVar("remat_toolkit_nnx_module_path", default=None))
@@ -60,6 +60,11 @@ def _unscoped(cls: type) -> type:
 
 def _scoped_path(node: Any) -> tuple[str, ...] | None:
   return type(node).__dict__.get("_remat_toolkit_path")
+
+
+def path_of(node: Any) -> tuple[str, ...] | None:
+  """The attribute path :func:`name_nnx_modules` gave a module, if any."""
+  return _scoped_path(node)
 
 
 def _scoped_method_names(cls: type) -> list[str]:

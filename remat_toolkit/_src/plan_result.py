@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_toolkit._src import catalog
+from remat_toolkit._src import region_keys
 from remat_toolkit._src.format import format_bytes
 from remat_toolkit._src.format import format_flops
 from remat_toolkit._src.policy import Policy
@@ -35,7 +36,7 @@ from remat_toolkit._src.policy_toml import policy_toml
 from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.report import ResidualReport
 
-__all__ = ["Plan", "NamedFit", "GroupEstimate", "KEPT_ACTIVATIONS",
+__all__ = ["Plan", "NamedFit", "GroupEstimate", "RegionPlan", "KEPT_ACTIVATIONS",
            "ESTIMATED_PEAK", "BOUNDS", "check_bounds", "plan_bounds"]
 
 #: ``bounds``: the budget bounds the activation bytes kept for the backward pass.
@@ -127,6 +128,30 @@ class GroupEstimate:
 
 
 @dataclasses.dataclass(frozen=True)
+class RegionPlan:
+  """One remat region of a per-region plan: its policy and what it costs.
+
+  Attributes:
+    region: the region's key: its module path (``layers_3``), or ``#k`` for
+      the k-th region of a plain function.
+    policy: the name of the policy it takes.
+    kind: the index of its kind: regions of one kind are structurally
+      identical and were measured together.
+    activation_bytes: device bytes it keeps beyond its inputs (which every
+      policy keeps).
+    offloaded_bytes: host bytes it offloads.
+    recompute_flops: matmul FLOPs it recomputes in the backward pass.
+  """
+
+  region: str
+  policy: str
+  kind: int
+  activation_bytes: int
+  offloaded_bytes: int
+  recompute_flops: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan(Rendered):
   """The policy with the least recompute that fits a budget, and its numbers.
 
@@ -162,6 +187,8 @@ class Plan(Rendered):
     warnings: what limited the search without failing it: regions with
       their own policy (they keep what they keep, whatever the plan), or no
       checkpoint name to decide on.
+    regions: for a per-region plan (``per_layer=True``), each region's
+      policy and numbers, in program order; empty for a uniform plan.
   """
 
   policy: Policy
@@ -181,6 +208,7 @@ class Plan(Rendered):
   group: Any = None
   groups: tuple[GroupEstimate, ...] = ()
   warnings: tuple[str, ...] = ()
+  regions: tuple[RegionPlan, ...] = ()
 
   # ------------------------------------------------------------ measured
   @property
@@ -221,7 +249,41 @@ class Plan(Rendered):
     closest = self.closest_builtins
     return closest[0] if closest else None
 
+  @property
+  def per_layer(self) -> bool:
+    """Whether this plan gives each region a policy of its own."""
+    return bool(self.regions)
+
   # ------------------------------------------------------------ use it
+  @property
+  def rules(self) -> dict[str, Policy]:
+    """``{module path: policy}`` of a per-region plan, for
+    :func:`remat_toolkit.remat_modules`.
+
+    ``rt.remat_modules(model, plan.rules)`` makes each planned region a
+    region with its planned policy, in a model one cannot edit.
+
+    Raises:
+      ValueError: for a uniform plan (give ``plan.policy`` to the blocks'
+        rule instead), or for regions named by position (plain functions
+        have no module path for a rule to match; use
+        ``rt.use_policy(plan)``).
+    """
+    if not self.regions:
+      raise ValueError(
+          f"plan.rules is for per-region plans (rt.plan(..., per_layer=True))"
+          f"; this plan gives every region {self.policy.name!r}: use "
+          "rt.remat_modules(model) with `with rt.use_policy(plan):`, or the "
+          "rule {'Block': plan.policy}.")
+    positional = [r.region for r in self.regions
+                  if region_keys.is_positional(r.region)]
+    if positional:
+      raise ValueError(
+          f"plan.rules needs module paths, but the regions {positional[:4]} "
+          "are regions of plain functions, named by position; apply the plan "
+          "with `with rt.use_policy(plan):` instead.")
+    return dict(self.policy.regions)
+
   def register(self, *, override: bool = False) -> Policy:
     """Adds the policy to the catalogue, so it is usable by name.
 
@@ -283,6 +345,7 @@ class Plan(Rendered):
         "host_bandwidth": self.host_bandwidth,
         "device_flops": self.device_flops,
         "warnings": list(self.warnings),
+        "regions": [dataclasses.asdict(r) for r in self.regions],
     }
 
   def to_json(self, **kwargs: Any) -> str:

@@ -62,6 +62,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -96,6 +97,8 @@ from remat_toolkit._src.plan_search import Search
 from remat_toolkit._src.plan_search import drop_useless
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.policy import unrunnable_reason
+from remat_toolkit._src.region_planner import RegionPlanner
+from remat_toolkit._src.region_planner import plan_per_region
 from remat_toolkit._src.report import ResidualReport
 from remat_toolkit._src.trace import TracedProgram
 
@@ -130,6 +133,7 @@ _MODES: dict[str, dict[str, Any]] = {
     "offload-matmuls-no-batch": {"matmuls": "offload-no-batch"},
 }
 _OFFLOAD_MODES = frozenset({"offload-matmuls-no-batch"})
+
 _GLOB_ESCAPES = {"*": "[*]", "?": "[?]", "[": "[[]"}
 
 
@@ -177,6 +181,7 @@ class _Evaluator:
     self.evaluations = 0
     self.limit: int | None = None
     self._cache: dict[Choice, Outcome] = {}
+    self._policies: dict[Policy, Outcome] = {}
 
   def __call__(self, choice: Choice) -> Outcome:
     found = self._cache.get(choice)
@@ -192,8 +197,17 @@ class _Evaluator:
   def jax_policy(self, policy: Policy) -> Outcome:
     """A wrapped JAX policy, measured as given; no choice of names is it, so
     it is not a candidate of the search."""
-    self.evaluations += 1
-    return self._outcome(None, self.program.report(policy))
+    return self.policy(policy)
+
+  def policy(self, policy: Policy) -> Outcome:
+    """Any policy measured as given (a per-region one too), cached; it is
+    not a candidate of the uniform search."""
+    found = self._policies.get(policy)
+    if found is None:
+      self.evaluations += 1
+      found = self._policies[policy] = self._outcome(
+          None, self.program.report(policy))
+    return found
 
   def _outcome(self, choice: Choice | None, report: ResidualReport) -> Outcome:
     by_name: dict[str, int] = {}
@@ -276,6 +290,7 @@ class Planner:
                            key=lambda o: o.device_bytes)
     self.region_executions = _region_executions(program, self._everything)
     self._model: AdditiveModel | None = None
+    self._regions: RegionPlanner | None = None
 
   # ------------------------------------------------------------ facts
   @property
@@ -321,7 +336,7 @@ class Planner:
   # ------------------------------------------------------------ planning
   def plan(self, budget: int | str, *, host_budget: int | str | None = None,
            max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
-           bounds: str = KEPT_ACTIVATIONS) -> Plan:
+           bounds: str = KEPT_ACTIVATIONS, per_layer: bool = False) -> Plan:
     """The plan for one budget; see :func:`plan` for the arguments.
 
     Args:
@@ -330,12 +345,17 @@ class Planner:
       max_evaluations: analyzer evaluations for this budget's search.
       bounds: ``"kept activations"``, or ``"estimated peak"`` to bound the
         kept activations plus one region's workspace.
+      per_layer: choose a policy per remat region (see
+        :mod:`~remat_toolkit._src.region_planner`).
     """
     limit = parse_bytes(budget)
     host = _check_search(self.allow_offload, host_budget, max_evaluations)
+    _check_flag("per_layer", per_layer)
     peak = check_bounds(bounds) == ESTIMATED_PEAK
     device = min(self.peak_limit(limit), limit) if peak else limit
     limits = Limits(device=device, host=math.inf if host is None else host)
+    if per_layer:
+      return plan_per_region(self, limit, limits, bounds, host)
     best, complete = self._solve(limits, max_evaluations)
     if best is None:
       raise self._infeasible(limit, complete, peak)
@@ -352,6 +372,18 @@ class Planner:
         bounds=bounds, host_budget=host, host_bandwidth=self.host_bandwidth,
         device_flops=self.device_flops, warnings=self.warnings)
 
+  @property
+  def region_planner(self) -> RegionPlanner:
+    """The per-region planner on this trace (candidates measured once)."""
+    if self._regions is None:
+      self._regions = RegionPlanner(self)
+    return self._regions
+
+  def _choice_policy_for(self, choice: Choice) -> Policy:
+    """The policy doing what ``choice`` says, named for this model."""
+    return _choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
+                          _describe_choice(choice))
+
   def measure(self, policy: resolve.PolicyLike) -> ResidualReport:
     """The analyzer's report of one policy (what ``policy=`` accepts).
 
@@ -366,12 +398,15 @@ class Planner:
 
   # ------------------------------------------------------------ internals
   def _measure(self, policy: Policy) -> Outcome:
-    if policy.is_jax_policy:
-      return self._evaluate.jax_policy(policy)
+    if policy.is_jax_policy or policy.is_per_region:
+      return self._evaluate.policy(policy)
     return self._evaluate(self._as_choice(policy))
 
   def _catalogue(self) -> dict[str, Outcome]:
     policies = [catalog.get_policy(n) for n in catalog.list_policies()]
+    # A per-region policy in the catalogue was planned for some model; it
+    # is no candidate for this one.
+    policies = [p for p in policies if not p.is_per_region]
     if not self.allow_offload:
       policies = [p for p in policies if not p.offloads]
     # allow_offload=True was refused already where offloading cannot run.
@@ -450,9 +485,16 @@ class Planner:
                           cost=o.cost, fits=limits.fit(o))
                  for n, o in self._named.items())
 
-  def _infeasible(self, budget: int, complete: bool, peak: bool) -> ValueError:
+  def _infeasible(self, budget: int, complete: bool, peak: bool, *,
+                  per_layer: bool = False) -> ValueError:
     small = self._smallest()
     label = small.choice.mode or _choice_label(small.choice) or "boundary-only"
+    if per_layer:
+      regions = self.region_planner
+      least = regions.predicted(regions.smallest())[0]
+      if least < small.device_bytes:
+        small = dataclasses.replace(small, device_bytes=least)
+        label = "a mix of policies per region"
     why = "" if complete else (
         " (the search stopped at its evaluation limit; raise max_evaluations)")
     what = "peak budget" if peak else "activation budget"
@@ -477,6 +519,19 @@ def _decisions(choice: Choice, names: Sequence[str]) -> dict[str, str]:
     return {}
   return {n: "save" if n in choice.save else
           "offload" if n in choice.offload else "recompute" for n in names}
+
+
+def _describe_choice(choice: Choice) -> str:
+  if choice.mode:
+    return f"the whole-region alternative {choice.mode}"
+  if not (choice.save or choice.offload):
+    return "keeps only region inputs"
+  return "keeps " + (_choice_label(choice) or "no tagged tensor")
+
+
+def _check_flag(label: str, value: Any) -> None:
+  if not isinstance(value, bool):
+    raise TypeError(f"{label} must be True or False, got {value!r}.")
 
 
 def _describe(choice: Choice, budget: int, o: Outcome, peak: bool) -> str:
@@ -540,7 +595,8 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
          device_flops: float = DEFAULT_DEVICE_FLOPS,
          groups: GroupsLike | None = None,
          group_sizes: Sequence[Any] | None = None,
-         max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> Plan:
+         max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
+         per_layer: bool = False) -> Plan:
   """The policy with the least recompute that fits ``budget``.
 
   Args:
@@ -572,6 +628,13 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     max_evaluations: analyzer evaluations the repair and proof may take
       (the named policies and one measurement per name come on top); past
       it the best plan measured is returned with ``optimal=False``.
+    per_layer: choose a policy for each remat region rather than one for
+      all: an exact multiple-choice knapsack over measured per-region
+      candidates, the result measured on the whole program (see
+      :mod:`~remat_toolkit._src.region_planner`). The plan's policy is a
+      per-region :class:`Policy`; :attr:`Plan.regions` lists each region's
+      choice. Regions inside one ``scan`` are one region. Never more
+      recompute than the best uniform choice among the candidates.
 
   Returns:
     A :class:`Plan`; its ``warnings`` (each raised once as a ``UserWarning``)
@@ -602,7 +665,9 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
   _check_search(allow_offload, host_budget, max_evaluations)
   rates = dict(allow_offload=allow_offload, host_bandwidth=host_bandwidth,
                device_flops=device_flops)
-  search = dict(host_budget=host_budget, max_evaluations=max_evaluations)
+  _check_flag("per_layer", per_layer)
+  search = dict(host_budget=host_budget, max_evaluations=max_evaluations,
+                per_layer=per_layer)
   if groups is None:
     result = Planner(fn, *args, **rates).plan(limit, bounds=bounds, **search)
   else:

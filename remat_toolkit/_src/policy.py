@@ -21,6 +21,7 @@ from typing import Any
 import jax
 
 from remat_toolkit._src import compat as compat
+from remat_toolkit._src import region_keys
 from remat_toolkit._src import tags
 
 __all__ = ["Policy", "Lowering", "MATMUL_MODES", "MEMORY_KINDS",
@@ -84,6 +85,15 @@ class Policy:
     aliases: other names this policy answers to.
     jax_policy: a policy of JAX's own (see :meth:`from_jax`); when set, the
       policy lowers to it unchanged and the other fields must be defaults.
+    regions: a per-region policy: ``(region, policy)`` pairs (a mapping is
+      accepted), each region a key (``layers_3``, ``transformer/h/0``,
+      ``#2`` for the third region of a plain function) or a glob
+      (``layers_*``), each policy a :class:`Policy` or a catalogue name.
+      Every remat region reading this policy takes the policy of the first
+      pair that matches its key (see :meth:`for_region`); a region that
+      matches none keeps only its inputs, and says so. When set, the other
+      fields must be defaults. Plans made with ``per_layer=True`` are such
+      policies.
 
   Example:
     >>> import remat_toolkit as rt
@@ -101,6 +111,7 @@ class Policy:
   save_everything: bool = False
   aliases: tuple[str, ...] = ()
   jax_policy: Any = None
+  regions: tuple[tuple[str, Policy], ...] = ()
 
   @classmethod
   def from_jax(cls, jax_policy: Any, name: str | None = None) -> Policy:
@@ -158,6 +169,14 @@ class Policy:
           f"Policy {self.name!r} wraps a JAX policy and also sets "
           "save/offload/matmuls/save_everything; the JAX policy alone decides "
           "what is kept, so leave those fields at their defaults.")
+    object.__setattr__(self, "regions", _as_regions(self.name, self.regions))
+    if self.regions and (self.save or self.offload or self.matmuls != "none"
+                         or self.save_everything or self.jax_policy is not None):
+      raise ValueError(
+          f"Policy {self.name!r} assigns policies per region and also sets "
+          "save/offload/matmuls/save_everything/jax_policy; a per-region "
+          "policy decides through its regions alone, so leave those fields "
+          "at their defaults (or add a region pattern '*' for the rest).")
     if not isinstance(self.save_everything, bool):
       raise TypeError(
           f"Policy.save_everything must be true or false, got "
@@ -190,6 +209,8 @@ class Policy:
   @property
   def offloads(self) -> bool:
     """Whether this policy moves anything to host memory."""
+    if self.regions:
+      return any(p.offloads for _, p in self.regions)
     if self.jax_policy is not None:
       return compat.jax_policy_offloads(self.jax_policy)
     return bool(self.offload) or self.matmuls == "offload-no-batch"
@@ -198,6 +219,32 @@ class Policy:
   def is_jax_policy(self) -> bool:
     """Whether this wraps a policy of JAX's own (see :meth:`from_jax`)."""
     return self.jax_policy is not None
+
+  @property
+  def is_per_region(self) -> bool:
+    """Whether this policy assigns a policy per region (see ``regions``)."""
+    return bool(self.regions)
+
+  def for_region(self, key: str) -> Policy | None:
+    """The policy a region of key ``key`` takes; None if no pair matches.
+
+    The first pair whose region is ``key``, or a glob matching it, wins.
+
+    Example:
+      >>> import remat_toolkit as rt
+      >>> p = rt.Policy(name="mix", regions={"layers_0": "save-ffn",
+      ...                                    "layers_*": "save-attention"})
+      >>> p.for_region("layers_0").name, p.for_region("layers_7").name
+      ('save-ffn', 'save-attention')
+      >>> p.for_region("head") is None
+      True
+    """
+    if not self.regions:
+      return self
+    for pattern, policy in self.regions:
+      if region_keys.key_matches(key, pattern):
+        return policy
+    return None
 
   @property
   def patterns(self) -> tuple[str, ...]:
@@ -229,16 +276,30 @@ class Policy:
     (ignoring case, as :meth:`expand` does)."""
     return any(_name_matches(name, p) for p in self.patterns)
 
-  def lowering(self, names: Iterable[str] | None = None) -> Lowering:
+  def lowering(self, names: Iterable[str] | None = None,
+               region: str | None = None) -> Lowering:
     """The JAX policy constructor call this policy lowers to, as data.
 
     Args:
       names: checkpoint names to expand glob patterns against (see
         :meth:`expand`).
+      region: the key of the region being lowered; a per-region policy
+        lowers the policy of that region (``nothing_saveable`` where none
+        matches), other policies ignore it.
 
     Raises:
-      ValueError: if patterns put one name in both save and offload.
+      ValueError: if patterns put one name in both save and offload, or a
+        per-region policy is lowered without a region.
     """
+    if self.regions:
+      if region is None:
+        raise ValueError(
+            f"Policy {self.name!r} assigns policies per region, so it is "
+            "lowered for one region at a time: pass region=, or let each "
+            "remat region lower it when traced (rt.use_policy).")
+      chosen = self.for_region(region)
+      return (Lowering("nothing_saveable") if chosen is None
+              else chosen.lowering(names))
     if self.jax_policy is not None:
       return Lowering(self.name, raw=self.jax_policy)
     if self.save_everything:
@@ -264,7 +325,8 @@ class Policy:
       return Lowering("save_only_these_names", tuple(sorted(saved)))
     return Lowering("nothing_saveable")
 
-  def to_jax(self, names: Iterable[str] | None = None) -> Any:
+  def to_jax(self, names: Iterable[str] | None = None,
+             region: str | None = None) -> Any:
     """Lowers to one of JAX's own policy constructors.
 
     Equal lowerings give the same JAX object on every supported JAX release,
@@ -273,6 +335,7 @@ class Policy:
     Args:
       names: checkpoint names to expand glob patterns against (see
         :meth:`expand`).
+      region: the key of the region being lowered (see :meth:`lowering`).
 
     Returns:
       A ``jax.checkpoint_policies`` policy.
@@ -282,7 +345,7 @@ class Policy:
         cannot offload (it would silently recompute everything), or if
         patterns put one name in both save and offload.
     """
-    lowering = self.lowering(names)
+    lowering = self.lowering(names, region)
     if lowering.offloads:
       reason = unrunnable_reason(self)
       if reason is not None:
@@ -290,11 +353,17 @@ class Policy:
     return lowering.to_jax()
 
   def describe_lowering(self, names: Iterable[str] | None = None) -> str:
-    """The JAX call this policy lowers to, as source text."""
+    """The JAX call this policy lowers to, as source text (per region for a
+    per-region policy)."""
+    if self.regions:
+      return "\n".join(f"{key}: {policy.describe_lowering(names)}"
+                       for key, policy in self.regions)
     return str(self.lowering(names))
 
   def keeps_summary(self) -> str:
     """A short phrase for tables: what stays on device."""
+    if self.regions:
+      return "per region: " + _count_summary(self.regions)
     if self.jax_policy is not None:
       return f"what JAX's {self.name} keeps"
     if self.save_everything:
@@ -308,9 +377,64 @@ class Policy:
 
   def offloads_summary(self) -> str:
     """A short phrase for tables: what goes to host memory."""
+    if self.regions:
+      offloading = [(k, p) for k, p in self.regions if p.offloads]
+      return ("per region: " + _count_summary(offloading)) if offloading else "-"
     if self.matmuls == "offload-no-batch":
       return "matmul outputs w/o batch dims"
     return ", ".join(self.offload) if self.offload else "-"
+
+
+def _as_regions(name: str, regions: Any) -> tuple[tuple[str, Policy], ...]:
+  """``regions`` as validated ``(key, Policy)`` pairs, in the order given."""
+  if not regions:
+    return ()
+  pairs = list(regions.items()) if hasattr(regions, "items") else regions
+  if isinstance(pairs, (str, bytes)):
+    pairs = None
+  try:
+    pairs = [tuple(pair) for pair in pairs]
+  except TypeError:
+    pairs = None
+  if pairs is None or any(len(pair) != 2 for pair in pairs):
+    raise TypeError(
+        f"Policy.regions must map region keys to policies, got {regions!r}; "
+        "e.g. regions={'layers_0': 'save-attention', 'layers_*': "
+        "'boundary-only'}.")
+  out = []
+  for key, policy in pairs:
+    if not isinstance(key, str) or not key:
+      raise TypeError(
+          f"Policy {name!r}: region keys must be non-empty strings (a module "
+          f"path, a glob or '#k'), got {key!r}.")
+    resolved = _region_policy(name, key, policy)
+    out.append((key, resolved))
+  return tuple(out)
+
+
+def _region_policy(name: str, key: str, policy: Any) -> Policy:
+  if isinstance(policy, str):
+    from remat_toolkit._src import catalog  # the catalogue imports this module
+    policy = catalog.get_policy(policy)
+  elif callable(policy) and not isinstance(policy, Policy):
+    policy = Policy.from_jax(policy)
+  if not isinstance(policy, Policy):
+    raise TypeError(
+        f"Policy {name!r}: region {key!r} must map to a policy name, a "
+        f"Policy or a jax.checkpoint_policies policy, got {policy!r}.")
+  if policy.regions:
+    raise ValueError(
+        f"Policy {name!r}: region {key!r} maps to the per-region policy "
+        f"{policy.name!r}; a region takes one policy, so give that region "
+        "the policy its own key maps to.")
+  return policy
+
+
+def _count_summary(regions: Iterable[tuple[str, Policy]]) -> str:
+  counts: dict[str, int] = {}
+  for _, policy in regions:
+    counts[policy.name] = counts.get(policy.name, 0) + 1
+  return ", ".join(f"{name} x{count}" for name, count in counts.items())
 
 
 def _jax_policy_name(jax_policy: Any) -> str:

@@ -5,6 +5,11 @@ The catalogue reads built-in and user policy files with
 :func:`policy_toml`. Both know the same keys, so what one writes the other
 reads back equal.
 
+A per-region policy has a ``[regions]`` table (region key or glob -> policy
+name, in order) and may define the policies it names in ``[[policies]]``
+tables; names not defined there are looked up in the catalogue when the
+file is read.
+
 Example:
   >>> import tomllib
   >>> import remat_toolkit as rt
@@ -28,6 +33,7 @@ from typing import Any
 from remat_toolkit._src.policy import MATMUL_MODES
 from remat_toolkit._src.policy import MEMORY_KINDS
 from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.policy import normalize_name
 
 __all__ = ["parse_policy_file", "policy_from_mapping", "policy_toml",
            "policy_record"]
@@ -43,11 +49,13 @@ _FIELDS: dict[str, str] = {
     "offload_src": f"one of {list(MEMORY_KINDS)}",
     "offload_dst": f"one of {list(MEMORY_KINDS)}",
     "save_everything": "true or false",
+    "regions": "a table of region key (or glob) = policy name",
+    "policies": "an array of policy tables ([[policies]])",
 }
 _TYPES: dict[str, type] = {
     "name": str, "description": str, "aliases": list, "save": list,
     "offload": list, "matmuls": str, "offload_src": str, "offload_dst": str,
-    "save_everything": bool,
+    "save_everything": bool, "regions": dict, "policies": list,
 }
 
 
@@ -83,14 +91,49 @@ def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy"
     if not isinstance(value, _TYPES[key]):
       raise ValueError(
           f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
-    if _TYPES[key] is list and not all(isinstance(v, str) for v in value):
+    item_type = {"policies": dict, "regions": str}.get(key, str)
+    items = value.values() if key == "regions" else value
+    if _TYPES[key] in (list, dict) and not all(
+        isinstance(v, item_type) for v in items):
       raise ValueError(
           f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
+  fields = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in data.items() if k not in ("regions", "policies")}
+  if "policies" in data and "regions" not in data:
+    raise ValueError(f"{source}: key 'policies' defines the policies of a "
+                     "per-region policy, but there is no [regions] table.")
+  if "regions" in data:
+    fields["regions"] = _regions(data, source)
   try:
-    return Policy(**{k: tuple(v) if isinstance(v, list) else v
-                     for k, v in data.items()})
+    return Policy(**fields)
   except (TypeError, ValueError) as e:
     raise ValueError(f"{source}: {e}") from None
+
+
+def _regions(data: Mapping[str, Any], source: str) -> list[tuple[str, Any]]:
+  """The ``[regions]`` table with its policy names resolved: those defined
+  in the file's ``[[policies]]`` first, then the catalogue's."""
+  from remat_toolkit._src import catalog  # the catalogue reads files here
+  defined = {}
+  for i, table in enumerate(data.get("policies", [])):
+    policy = policy_from_mapping(table, source=f"{source} [[policies]] #{i}")
+    if policy.is_per_region:
+      raise ValueError(f"{source}: [[policies]] #{i} ({policy.name!r}) is "
+                       "per-region itself; a region takes one policy.")
+    defined[policy.key] = policy
+  out = []
+  for region, name in data["regions"].items():
+    policy = defined.get(normalize_name(name))
+    if policy is None:
+      try:
+        policy = catalog.get_policy(name)
+      except ValueError as e:
+        raise ValueError(
+            f"{source}: region {region!r} names the policy {name!r}, which "
+            f"neither the file's [[policies]] nor the catalogue defines: "
+            f"{e}") from None
+    out.append((region, policy))
+  return out
 
 
 # ===================================================================== writer
@@ -105,6 +148,8 @@ def policy_toml(policy: Policy) -> str:
     raise ValueError(
         f"Policy {policy.name!r} wraps a JAX policy object, which a policy "
         "file cannot hold; write its save/offload names as a Policy instead.")
+  if policy.is_per_region:
+    return _per_region_toml(policy)
   lines = [f"name = {_toml_string(policy.name)}",
            f"description = {_toml_string(policy.description)}"]
   if policy.aliases:
@@ -124,9 +169,41 @@ def policy_toml(policy: Policy) -> str:
   return "\n".join(lines)
 
 
+def _per_region_toml(policy: Policy) -> str:
+  """A per-region policy: its regions by policy name, and the policies the
+  catalogue does not hold as they are, defined in the file."""
+  from remat_toolkit._src import catalog  # the catalogue reads files here
+  lines = [f"name = {_toml_string(policy.name)}",
+           f"description = {_toml_string(policy.description)}"]
+  if policy.aliases:
+    lines.append(f"aliases = {_toml_list(policy.aliases)}")
+  lines += ["", "[regions]"]
+  defined: dict[str, Policy] = {}
+  for region, sub in policy.regions:
+    lines.append(f"{_toml_string(region)} = {_toml_string(sub.name)}")
+    try:
+      known = catalog.get_policy(sub.name) == sub
+    except ValueError:
+      known = False
+    if not known:
+      if defined.setdefault(sub.key, sub) != sub:
+        raise ValueError(
+            f"Policy {policy.name!r} gives regions two different policies "
+            f"named {sub.name!r}; a file names each policy once, so rename "
+            "one of them.")
+  for sub in defined.values():
+    lines += ["", "[[policies]]", policy_toml(sub)]
+  return "\n".join(lines)
+
+
 def policy_record(policy: Policy) -> dict[str, Any]:
   """The policy as plain data (JSON), every key a policy file may hold but
   ``aliases``; :func:`policy_from_mapping` reads it back."""
+  if policy.is_per_region:
+    return {"name": policy.name, "description": policy.description,
+            "regions": {region: sub.name for region, sub in policy.regions},
+            "policies": [policy_record(sub) for sub in
+                         {s.key: s for _, s in policy.regions}.values()]}
   return {"name": policy.name, "description": policy.description,
           "save": list(policy.save), "offload": list(policy.offload),
           "matmuls": policy.matmuls, "save_everything": policy.save_everything,

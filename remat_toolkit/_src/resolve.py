@@ -41,20 +41,21 @@ BOUNDARY_ONLY = Policy(
     description="keep only each region's inputs: the least memory, the most "
                 "recomputation")
 
-#: What every ``policy=`` argument accepts.
-PolicyLike = str | Policy | Callable[..., Any] | None
+#: What every ``policy=`` argument accepts (a plan from ``rt.plan`` too).
+PolicyLike = str | Policy | Callable[..., Any] | Any | None
 
 _ACCEPTED = ("a policy name (see remat_toolkit.list_policies()), a "
-             "remat_toolkit.Policy, a jax.checkpoint_policies policy or None "
-             "(the ambient policy)")
+             "remat_toolkit.Policy, a plan from remat_toolkit.plan, a "
+             "jax.checkpoint_policies policy or None (the ambient policy)")
 
 
 def resolve_policy(policy: PolicyLike, *, argument: str = "policy") -> Policy:
   """The :class:`Policy` meant by ``policy``.
 
   Args:
-    policy: a catalogue name or alias, a :class:`Policy`, a raw JAX policy
-      (wrapped by :meth:`Policy.from_jax`), or None for the ambient policy.
+    policy: a catalogue name or alias, a :class:`Policy`, a plan (its
+      policy), a raw JAX policy (wrapped by :meth:`Policy.from_jax`), or
+      None for the ambient policy.
     argument: the parameter's name, for the error message.
 
   Returns:
@@ -68,10 +69,19 @@ def resolve_policy(policy: PolicyLike, *, argument: str = "policy") -> Policy:
     return context.current_policy()
   if isinstance(policy, (str, Policy)):
     return catalog.get_policy(policy)
+  planned = _planned_policy(policy)
+  if planned is not None:
+    return planned
   if callable(policy):
     return Policy.from_jax(policy)
   raise TypeError(f"{argument} must be {_ACCEPTED}, got {policy!r}; e.g. "
                   f"{argument}='save-attention'.")
+
+
+def _planned_policy(value: Any) -> Policy | None:
+  """The policy of a plan (what ``rt.plan`` returns), else None."""
+  from remat_toolkit._src.plan_result import Plan  # results import resolve
+  return value.policy if isinstance(value, Plan) else None
 
 
 def resolve_policies(policies: Sequence[PolicyLike] | None, *,
@@ -92,7 +102,7 @@ def resolve_policies(policies: Sequence[PolicyLike] | None, *,
       holds something :func:`resolve_policy` refuses.
     ValueError: for an unknown name, or an empty list.
   """
-  if isinstance(policies, (str, Policy)) or (
+  if isinstance(policies, (str, Policy)) or _planned_policy(policies) or (
       policies is not None and callable(policies)):
     raise TypeError(f"{argument} must be a list, got {policies!r}; write "
                     f"{argument}=[{policies!r}].")
@@ -109,10 +119,12 @@ def resolve_policies(policies: Sequence[PolicyLike] | None, *,
                      f"{argument}=['save-attention'].")
   unique: dict[str, Policy] = {}
   for item in items:
-    if item is None or not (isinstance(item, (str, Policy)) or callable(item)):
+    if item is None or not (isinstance(item, (str, Policy)) or callable(item)
+                            or _planned_policy(item) is not None):
       raise TypeError(
-          f"{argument} must hold policy names, remat_toolkit.Policy values or "
-          f"jax.checkpoint_policies policies, got {item!r} in {items!r}; e.g. "
+          f"{argument} must hold policy names, remat_toolkit.Policy values, "
+          f"plans or jax.checkpoint_policies policies, got {item!r} in "
+          f"{items!r}; e.g. "
           f"{argument}=['boundary-only', 'save-attention'].")
     resolved = resolve_policy(item, argument=argument)
     unique.setdefault(resolved.key, resolved)

@@ -1,9 +1,10 @@
 """A loss function traced once, and read under any policy.
 
 :class:`TracedProgram` traces ``fn`` once with every region that reads the
-ambient policy lowered to a marker (:func:`remat_toolkit._src.lowering.
-substitute_ambient`), then substitutes each policy's lowering into the traced
-program: comparing many policies re-traces no Python code. The residuals'
+ambient policy lowered to a marker of its key (:func:`remat_toolkit._src.
+lowering.substitute_ambient`), then substitutes each policy's lowering into
+the traced program, region by region: comparing many policies, or giving
+each region a policy of its own, re-traces no Python code. The residuals'
 bytes are counted in :mod:`remat_toolkit._src.residuals`, their per-device
 share in :mod:`remat_toolkit._src.sharding`.
 
@@ -69,13 +70,13 @@ class TracedProgram:
           "differentiate and no residual to analyse; pass the parameters "
           "(e.g. analyze(loss, params, batch)).")
     self._paths = paths
-    self._marker = compat.policy_marker("ambient_region")
+    self._markers = lowering.RegionMarkers()
     treedef = self._treedef
 
     def flat_fn(*xs):
       return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
-    with lowering.substitute_ambient(self._marker):
+    with lowering.substitute_ambient(self._markers):
       closed, out_shape = _jaxpr.trace_program(flat_fn, self._leaves)
     out_leaves = jax.tree_util.tree_leaves(out_shape)
     if (len(out_leaves) != 1 or out_leaves[0].shape != ()
@@ -85,12 +86,13 @@ class TracedProgram:
           f"{jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', out_shape)}; "
           "reduce it, e.g. return loss.mean().")
     self.jaxpr = closed.replace(jaxpr=_jaxpr.share_identical_regions(
-        closed.jaxpr, self._marker))
-    self.regions = _jaxpr.count_remat_regions(closed.jaxpr, self._marker)
+        closed.jaxpr, self._markers))
+    self.regions = _jaxpr.count_remat_regions(closed.jaxpr, self._markers)
     self.forward_flops = _jaxpr.count_matmul_flops(closed.jaxpr)
     self._root = _root_scope(closed.jaxpr)
-    self._region_names = _region_name_sets(closed.jaxpr, self._marker)
+    self._region_names = _region_name_sets(self.jaxpr.jaxpr, self._markers)
     self._own_regions: list[tuple[str, str]] | None = None
+    self._kinds: list[tuple[str, ...]] | None = None
     self._steps: dict[Any, tuple[Any, int]] = {}
     self._baseline_flops: int | None = None
 
@@ -105,31 +107,67 @@ class TracedProgram:
     return list(self._leaves)
 
   @property
-  def marker(self) -> Any:
-    """The JAX policy the ambient regions were traced with (a placeholder)."""
-    return self._marker
+  def marker(self) -> lowering.RegionMarkers:
+    """The placeholders the ambient regions were traced with, one per key."""
+    return self._markers
+
+  @property
+  def region_keys(self) -> tuple[str, ...]:
+    """The key of every region that reads the ambient policy, in program
+    order (one key may stand for several region executions: a region in a
+    ``scan``, a module called twice)."""
+    return tuple(self._region_names)
+
+  def region_names(self, key: str) -> frozenset[str]:
+    """Checkpoint names inside the regions of key ``key``."""
+    return self._region_names[key]
+
+  def region_kinds(self) -> list[tuple[str, ...]]:
+    """The region keys grouped by kind, in program order.
+
+    Keys of one kind compute the same thing on the same input types, as
+    often per step (structurally identical layers), so a policy changes
+    their residuals alike.
+    """
+    if self._kinds is None:
+      signatures: dict[str, list[tuple[str, int]]] = {}
+      text: dict[int, str] = {}  # shared bodies are read once
+      for eqn, trips in _jaxpr.walk_with_trips(self.jaxpr.jaxpr):
+        if compat.is_remat(eqn) and compat.remat_policy_of(eqn) in self._markers:
+          key = self._markers.key_of(compat.remat_policy_of(eqn))
+          body_id = id(compat.remat_body_of(eqn))
+          if body_id not in text:
+            text[body_id] = _jaxpr.region_signature(eqn)
+          signatures.setdefault(key, []).append((text[body_id], trips))
+      kinds: dict[tuple, list[str]] = {}
+      for key in self.region_keys:
+        kinds.setdefault(tuple(signatures[key]), []).append(key)
+      self._kinds = [tuple(keys) for keys in kinds.values()]
+    return self._kinds
 
   @property
   def ambient_names(self) -> frozenset[str]:
     """Checkpoint names inside the regions that read the ambient policy."""
-    return frozenset().union(*self._region_names)
+    return frozenset().union(*self._region_names.values())
 
   @property
   def own_policy_regions(self) -> list[tuple[str, str]]:
     """``(where, policy)`` of each remat region that has its own policy."""
     if self._own_regions is None:
-      self._own_regions = _own_policy_regions(self.jaxpr.jaxpr, self._marker,
+      self._own_regions = _own_policy_regions(self.jaxpr.jaxpr, self._markers,
                                               self._root)
     return self._own_regions
 
   def lowered(self, policy: Policy) -> tuple[Any, ...]:
-    """The JAX policy each distinct region name-set gets under ``policy``."""
-    return tuple(policy.to_jax(names) for names in self._region_names)
+    """The JAX policy each region key gets under ``policy``, in key order."""
+    return tuple(policy.to_jax(names, region=key)
+                 for key, names in self._region_names.items())
 
   def _substituted(self, policy: Policy):
     mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))
     return _jaxpr.substitute_policy(
-        self.jaxpr.jaxpr, self._marker, lambda names: mapping[names])
+        self.jaxpr.jaxpr, self._markers,
+        lambda marker, _: mapping[self._markers.key_of(marker)])
 
   def step(self, policy: Policy) -> _residuals.TracedStep:
     """The traced training step under ``policy`` (cached per lowering)."""
@@ -158,7 +196,7 @@ class TracedProgram:
     if self._baseline_flops is None:
       if compat.remat3_enabled():
         # jax 0.10's remat3 everything_saveable recomputes un-named values.
-        jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._marker)
+        jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._markers)
         step = _residuals.trace_training_step(jaxpr, self.jaxpr.consts,
                                              self._leaves, self.forward_flops)
       else:
@@ -282,16 +320,17 @@ def _strip_root(path: str, root: str) -> str:
   return "/".join(deduped)
 
 
-def _region_name_sets(jaxpr, marker) -> tuple[frozenset[str], ...]:
-  found: list[frozenset[str]] = []
+def _region_name_sets(jaxpr, markers) -> dict[str, frozenset[str]]:
+  """Region key -> checkpoint names in its regions, keys in program order."""
+  found: dict[str, frozenset[str]] = {}
 
-  def record(names):
-    if names not in found:
-      found.append(names)
+  def record(marker, names):
+    key = markers.key_of(marker)
+    found[key] = found.get(key, frozenset()) | names
     return marker
 
-  _jaxpr.substitute_policy(jaxpr, marker, record)
-  return tuple(found)
+  _jaxpr.substitute_policy(jaxpr, markers, record)
+  return found
 
 
 def _path_from_label(label: str) -> str:
@@ -320,10 +359,10 @@ def _policy_label(jax_policy: Any, names: frozenset[str]) -> str:
   return f"the JAX policy {qualname.split('.')[0]}"
 
 
-def _own_policy_regions(jaxpr, marker, root: str) -> list[tuple[str, str]]:
+def _own_policy_regions(jaxpr, markers, root: str) -> list[tuple[str, str]]:
   found = []
   for eqn in _jaxpr.walk(jaxpr):
-    if not compat.is_remat(eqn) or compat.remat_policy_of(eqn) is marker:
+    if not compat.is_remat(eqn) or compat.remat_policy_of(eqn) in markers:
       continue
     path = _jaxpr.module_path(eqn)
     path = _strip_root(path, root) if root else path

@@ -41,6 +41,7 @@ import numpy as np
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import lowering
 from remat_toolkit._src import nnx_paths
+from remat_toolkit._src import region_keys
 from remat_toolkit._src import resolve
 from remat_toolkit._src import tags
 from remat_toolkit._src import trace_cache
@@ -61,6 +62,9 @@ class RegionSpec:
   static_argnums: tuple[int, ...]
   static_argnames: tuple[str, ...]
   where: str
+  # Appended to the owner's module path in the region's key: a linen region
+  # lifted on a parent over a function (remat_chain's groups).
+  name: str | None = None
 
 
 def validate_policy(policy: PolicyLike, where: str) -> None:
@@ -167,28 +171,32 @@ def names_decide_policy(policy: PolicyLike) -> bool:
     # process, which the first trace has not seen yet.
     return False
   resolved = resolve.resolve_policy(policy)  # None: the ambient one
+  if resolved.is_per_region:
+    return True  # the region's own policy may have patterns
   # A policy of JAX's own is used as given: it has no patterns to expand.
   return not resolved.is_jax_policy and bool(resolved.patterns)
 
 
 def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
-                       inputs: tuple) -> Any:
+                       inputs: tuple, region: str) -> Any:
   """Replays a traced region inside one ``jax.checkpoint``, its policy
   lowered against the names the trace contains."""
   if names_decide_policy(spec.policy):
-    lowering.warn_if_unmatched(spec.policy, traced.names, spec.where)
-  jax_policy = lowering.region_jax_policy(spec.policy, traced.names)
+    lowering.warn_if_unmatched(spec.policy, traced.names, spec.where, region)
+  jax_policy = lowering.region_jax_policy(spec.policy, traced.names, region)
   return jax.checkpoint(traced.replay(), policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
 
 def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
-                     prefix: tuple, args: tuple, kwargs: dict) -> Any:
+                     prefix: tuple, args: tuple, kwargs: dict,
+                     region: str) -> Any:
   """``pure(*prefix, *args, **kwargs)`` as exactly one remat region.
 
   ``prefix`` holds pytrees of arrays that are always traced (a linen
   module's variables and rngs, an NNX module's state). The body is traced
-  first only when the policy needs the region's names.
+  first only when the policy needs the region's names. ``region`` is the
+  region's key (:mod:`~remat_toolkit._src.region_keys`).
   """
   dynamic, rebuild = _split_static(spec, args, kwargs)
 
@@ -198,8 +206,10 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
 
   inputs = (prefix, dynamic)
   if names_decide_policy(spec.policy):
-    return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs)
-  jax_policy = lowering.region_jax_policy(spec.policy, tags.known_names())
+    return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs,
+                              region)
+  jax_policy = lowering.region_jax_policy(spec.policy, tags.known_names(),
+                                          region)
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
@@ -223,7 +233,7 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
 
   inputs = ((), dynamic)
   traced = trace_cache.cached_trace(cache, key, body, inputs)
-  return _checkpoint_traced(traced, spec, inputs)
+  return _checkpoint_traced(traced, spec, inputs, region_keys.region_key(None))
 
 
 # -------------------------------------------------------------- linen lifting
@@ -236,6 +246,8 @@ def linen_transform(scope_target: Callable[..., Any], *, spec: RegionSpec
   region is a pure function: discovering its names has no side effect on
   the outer scope, and dropout draws the same keys in the recompute.
   """
+  keys: list[str] = []  # the key of the region being called, innermost last
+
   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs):
     def pure(variable_groups_, rng_groups_, *args_, **kwargs_):
       scope = scope_fn(variable_groups_, rng_groups_)
@@ -243,9 +255,21 @@ def linen_transform(scope_target: Callable[..., Any], *, spec: RegionSpec
       return y, repack_fn(scope)
 
     return _checkpoint_pure(pure, spec, (variable_groups, rng_groups),
-                            args, kwargs)
+                            args, kwargs, keys[-1])
 
-  return compat.flax_lift_pack(inner, name="remat")
+  packed = compat.flax_lift_pack(inner, name="remat")
+
+  def lifted(scope_tree, *args, **kwargs):
+    # The region is named by the module path of the scope it is lifted on.
+    path = compat.linen_scope_path(scope_tree)
+    keys.append(region_keys.region_key(
+        path + ((spec.name,) if spec.name else ())))
+    try:
+      return packed(scope_tree, *args, **kwargs)
+    finally:
+      keys.pop()
+
+  return lifted
 
 
 # Flax names a lifted class ``transform.__name__.capitalize() + cls.__name__``;
@@ -318,8 +342,15 @@ def _call_nnx(fn: Callable[..., Any], spec: RegionSpec, args: tuple,
           (a, kw), is_leaf=lambda x: isinstance(x, _NodeSlot))
       return merged(a, kw)
 
-    return _checkpoint_pure(pure, spec, (tuple(states),), *slotted)
+    return _checkpoint_pure(pure, spec, (tuple(states),), *slotted,
+                            region=key)
 
+  modules = [x for x in jax.tree_util.tree_leaves(
+      (args, kwargs), is_leaf=_is_nnx_node) if isinstance(x, nnx.Module)]
+  # The region is named by the module it is a method of, else by the first
+  # module it is given (a remat_chain group by its first layer).
+  key = region_keys.region_key(nnx_paths.path_of(modules[0]) if modules
+                               else None)
   return compat.nnx_split_inputs(split, _NNX_CTXTAG)(args, kwargs)
 
 
@@ -328,7 +359,8 @@ def _call_nnx(fn: Callable[..., Any], spec: RegionSpec, args: tuple,
 def remat_region(fn: Callable[..., Any], *, policy: PolicyLike = None,
                  prevent_cse: bool = True,
                  static_argnums: int | Sequence[int] = (),
-                 where: str = "a remat region") -> Callable[..., Any]:
+                 where: str = "a remat region",
+                 name: str | None = None) -> Callable[..., Any]:
   """Makes ``g`` with ``g(*args) == fn(*args)``, computed in ONE remat region.
 
   The region's JAX policy is resolved when ``g`` is called (trace time) with
@@ -347,6 +379,8 @@ def remat_region(fn: Callable[..., Any], *, policy: PolicyLike = None,
       not counting a leading linen or NNX module. Non-array leaves (Python
       scalars, None, strings) are static anyway.
     where: how warnings and errors name this region.
+    name: for a linen region lifted on a parent module over a function, its
+      name after the parent's path in the region's key (``remat_group_1``).
 
   Returns:
     The wrapped function.
@@ -367,7 +401,7 @@ def remat_region(fn: Callable[..., Any], *, policy: PolicyLike = None,
   spec = RegionSpec(policy=policy, prevent_cse=bool(prevent_cse),
                     static_argnums=_normalize_static_argnums(static_argnums,
                                                              where),
-                    static_argnames=(), where=where)
+                    static_argnames=(), where=where, name=name)
   return region_from_spec(fn, spec)
 
 
