@@ -23,6 +23,7 @@ from remat_toolkit._src.discovery import RematSummary
 from remat_toolkit._src.frontier import Frontier
 from remat_toolkit._src.frontier import FrontierPoint
 from remat_toolkit._src.plan_result import Plan
+from remat_toolkit._src.plan_result import RegionPlan
 from remat_toolkit._src.policy import Lowering
 from remat_toolkit._src.report import Comparison
 from remat_toolkit._src.report import Residual
@@ -31,6 +32,6 @@ from remat_toolkit._src.verify import Verification
 
 __all__ = [
     "Residual", "ResidualReport", "Comparison", "Breakdown", "Plan",
-    "Frontier", "FrontierPoint", "Verification", "BenchRecord", "BenchResult",
+    "RegionPlan", "Frontier", "FrontierPoint", "Verification", "BenchRecord", "BenchResult",
     "BatchFit", "BatchSearch", "RematSummary", "Lowering",
 ]

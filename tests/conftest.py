@@ -3,7 +3,9 @@
 ``remat_mode`` runs a test under both of JAX's remat implementations, the way
 JAX's own remat tests re-run their classes with ``jax_remat3`` on.
 ``quick_compiles`` turns XLA's optimisation passes off for a module of tiny
-programs (``pytestmark = pytest.mark.usefixtures("quick_compiles")``).
+programs (``pytestmark = pytest.mark.usefixtures("quick_compiles")``);
+``third_party_code`` allows the NumPy rank promotion that Hugging Face's
+models rely on.
 """
 
 
@@ -32,6 +34,13 @@ def remat_mode(request):
   """Runs the test with jax_remat3 off, then on; yields the flag value."""
   with compat.remat3(request.param):
     yield request.param
+
+
+@pytest.fixture
+def third_party_code():
+  """Their code relies on NumPy rank promotion, which this suite forbids."""
+  with jax.numpy_rank_promotion("allow"):
+    yield
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,20 @@ def jax_accounting(fn, args, policy):
           len(found) - len(activations))
 
 
+def jax_activation_bytes(fn, args, policy):
+  """Device bytes of the residuals JAX itself reports with ``fn`` traced
+  under the ambient ``policy``, less arguments, constants (a model's
+  closed-over inputs: held anyway, and counted as arguments by
+  ``rt.analyze``) and literals (compiled in, not held)."""
+  def under(*a):
+    with rt.use_policy(policy):
+      return fn(*a)
+  return sum(_residuals.aval_nbytes(aval)
+             for aval, desc in compat.saved_residuals(under, *args)
+             if not desc.startswith(
+                 ("from the argument", "from a constant", "from a literal")))
+
+
 def runnable_policies() -> list[str]:
   """The built-in policies that can run in the current remat mode."""
   return [n for n in rt.list_policies()

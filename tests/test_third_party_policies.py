@@ -25,12 +25,12 @@ import pytest
 from flax import nnx
 from shared_helpers import NNXMlp  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import jax_activation_bytes  # noqa: E402
 
 import remat_toolkit as rt
 from remat_toolkit import models
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src import trace
 
 cp = jax.checkpoint_policies
@@ -48,19 +48,6 @@ def selected(policy, names):
 
 def names_in(fn, *args):
   return set(_jaxpr.names_in(jax.make_jaxpr(fn)(*args).jaxpr))
-
-
-def jax_activation_bytes(fn, args, policy):
-  """Device bytes of the residuals JAX itself reports, less arguments,
-  constants (the model's closed-over inputs: held anyway, and counted as
-  arguments by ``rt.analyze``) and literals (compiled in, not held)."""
-  def under(*a):
-    with rt.use_policy(policy):
-      return fn(*a)
-  return sum(_residuals.aval_nbytes(aval)
-             for aval, desc in compat.saved_residuals(under, *args)
-             if not desc.startswith(
-                 ("from the argument", "from a constant", "from a literal")))
 
 
 def check_bytes(fn, args, names):
@@ -184,13 +171,6 @@ HF_SELECTED = {
             "mlp/down_proj"},
     },
 }
-
-
-@pytest.fixture
-def third_party_code():
-  """Their code relies on NumPy rank promotion, which conftest forbids."""
-  with jax.numpy_rank_promotion("allow"):
-    yield
 
 
 def _hf(name):

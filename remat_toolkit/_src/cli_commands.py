@@ -199,6 +199,9 @@ def _add_plan_parser(subparsers: Any) -> None:
                            "region, or sqrt), e.g. 1,2,4,sqrt; the budget then "
                            "bounds kept activations plus one region's "
                            "recompute workspace")
+  parser.add_argument("--per-layer", action="store_true",
+                      help="choose a policy for each remat region (an exact "
+                           "per-region plan) and print the per-region table")
   parser.add_argument("--allow-offload", action="store_true",
                       help="also consider offloading tensors to host memory "
                            "(needs jax_remat3 off)")
@@ -247,7 +250,8 @@ def _plan_groups(args: argparse.Namespace) -> dict[str, Any]:
 
 def _plan_options(args: argparse.Namespace) -> dict[str, Any]:
   options: dict[str, Any] = dict(allow_offload=args.allow_offload,
-                                 host_budget=args.host_budget)
+                                 host_budget=args.host_budget,
+                                 per_layer=args.per_layer)
   if args.host_bandwidth is not None:
     options["host_bandwidth"] = args.host_bandwidth
   if args.max_evaluations is not None:

@@ -24,13 +24,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
+from remat_toolkit._src import region_keys
 from remat_toolkit._src.policy import Policy
 
 if TYPE_CHECKING:
   from remat_toolkit._src.trace import TracedProgram
 
 __all__ = ["KEEPS_NONE", "region_warnings", "unmatched_names_warning",
-           "policy_warnings", "own_policy_text", "warn_once",
+           "per_region_warnings", "policy_warnings", "own_policy_text", "warn_once",
            "quiet_warnings"]
 
 #: How a finding that a policy keeps none of its names starts, after
@@ -120,6 +121,30 @@ def unmatched_names_warning(program: TracedProgram, policy: Any) -> str | None:
           "(remat_toolkit.list_policies()).")
 
 
+def per_region_warnings(program: TracedProgram, policy: Any) -> list[str]:
+  """What a per-region policy leaves out in this model, and what it names
+  that this model does not have."""
+  if not isinstance(policy, Policy) or not policy.is_per_region:
+    return []
+  keys = program.region_keys
+  found = []
+  uncovered = [k for k in keys if policy.for_region(k) is None]
+  if uncovered:
+    found.append(
+        f"per-region policy {policy.name!r} has no policy for the remat "
+        f"region(s) {_brief(uncovered, 6)}, so they keep only their inputs, "
+        "as boundary-only does; plan this model (remat_toolkit.plan(..., "
+        "per_layer=True)) or add a pattern such as '*' to its regions.")
+  unused = [pattern for pattern, _ in policy.regions
+            if not any(region_keys.key_matches(k, pattern) for k in keys)]
+  if unused:
+    found.append(
+        f"per-region policy {policy.name!r} names {_brief(unused, 6)}, which "
+        f"are no remat region of this model (it has {_brief(list(keys), 6)}): "
+        "it was planned for another model or another layout.")
+  return found
+
+
 def policy_warnings(program: TracedProgram, policy: Any, *,
                     asked: bool = True) -> list[str]:
   """Every reason the figures of ``policy`` on ``program`` may mislead.
@@ -137,7 +162,7 @@ def policy_warnings(program: TracedProgram, policy: Any, *,
   unmatched = unmatched_names_warning(program, policy)
   if unmatched:
     found.append(unmatched)
-  return found
+  return found + per_region_warnings(program, policy)
 
 
 def warn_once(messages: Iterable[str], stacklevel: int = 3) -> None:

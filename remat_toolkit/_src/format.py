@@ -17,19 +17,19 @@ _PARSE_UNITS = {
 }
 
 
-def format_bytes(n: float) -> str:
-  """Human-readable binary size.
+def format_bytes(n: float, digits: int = 1) -> str:
+  """Human-readable binary size, with ``digits`` decimals above bytes.
 
   Example:
     >>> format_bytes(33554432)
     '32.0 MiB'
-    >>> format_bytes(512)
-    '512 B'
+    >>> format_bytes(512), format_bytes(2**30 * 1.875, digits=3)
+    ('512 B', '1.875 GiB')
   """
   n = float(n)
   for unit in _UNITS:
     if abs(n) < 1024 or unit == _UNITS[-1]:
-      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
     n /= 1024
   raise AssertionError("unreachable")
 

@@ -3,7 +3,10 @@
 :func:`frontier` traces the model once, measures the named policies and
 plans at several budgets on that one trace, and marks the Pareto-optimal
 points (:func:`remat_toolkit._src.pareto.pareto_flags` over device bytes,
-recompute FLOPs and offloaded bytes, as ``Comparison.pareto()``).
+recompute FLOPs and offloaded bytes, as ``Comparison.pareto()``). With
+``per_layer=True`` the plans choose a policy per region, and by default one
+is made at each step of the exact per-region front (thinned to
+:data:`DENSE_BUDGETS`), so the frontier is dense between the named points.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.rendered import Rendered
 from remat_toolkit._src.report import ResidualReport
 
-__all__ = ["frontier", "Frontier", "FrontierPoint"]
+__all__ = ["frontier", "Frontier", "FrontierPoint", "DENSE_BUDGETS"]
 
 # Budgets planned at when none are given.
 _DEFAULT_BUDGETS = 8
+#: Per-region plans made by default with ``per_layer=True``: the steps of
+#: the exact per-region front, thinned evenly to at most this many.
+DENSE_BUDGETS = 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +44,10 @@ class FrontierPoint:
   """One policy on the memory-vs-recompute plane.
 
   Attributes:
-    label: the policy's name, or ``plan@SIZE`` for a plan.
-    source: ``"named"`` (from the catalogue or given) or ``"plan"``.
+    label: the policy's name, ``plan@SIZE`` for a plan, or
+      ``per-region@SIZE`` for a per-region plan.
+    source: ``"named"`` (from the catalogue or given), ``"plan"`` or
+      ``"per-region plan"``.
     policy: the :class:`Policy`.
     activation_bytes: device bytes kept.
     offloaded_bytes: host bytes moved.
@@ -112,7 +120,8 @@ class Frontier(Rendered):
 def frontier(fn: Callable[..., Any], *args: Any,
              policies: Sequence[resolve.PolicyLike] | None = None,
              budgets: Sequence[int | str] | int | None = None,
-             max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> Frontier:
+             max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
+             per_layer: bool = False) -> Frontier:
   """The memory-vs-recompute frontier over named policies and plans.
 
   The model is traced once; plans at different budgets share evaluations.
@@ -124,8 +133,12 @@ def frontier(fn: Callable[..., Any], *args: Any,
       policy that does not offload; offloading is a third axis). A policy
       that cannot run here is skipped with a warning.
     budgets: activation budgets to plan at, or how many, spread evenly from
-      ``boundary-only`` to ``save-everything`` (default 8).
+      ``boundary-only`` to ``save-everything`` (default 8; with
+      ``per_layer``, the steps of the per-region front, at most
+      :data:`DENSE_BUDGETS`).
     max_evaluations: per plan; see :func:`plan`.
+    per_layer: plan a policy per region (see :func:`plan`): the points
+      between the named ones that uniform policies cannot reach.
 
   Returns:
     A :class:`Frontier`.
@@ -143,12 +156,15 @@ def frontier(fn: Callable[..., Any], *args: Any,
     >>> [(p.label, p.recompute_flops, p.on_frontier) for p in f.points]
     [('boundary-only', 16384, True), ('plan@2.0 KiB', 0, True)]
   """
+  if not isinstance(per_layer, bool):
+    raise TypeError(f"per_layer must be True or False, got {per_layer!r}.")
   planner = Planner(fn, *args)
   chosen = resolve.resolve_policies(policies, default=_default_policies())
   runnable, skipped = resolve.split_runnable(chosen)
   named = [_point(p.name, "named", p, planner.measure(p), None)
            for p in runnable]
-  items = named + _frontier_plans(planner, budgets, max_evaluations)
+  items = named + _frontier_plans(planner, budgets, max_evaluations,
+                                  per_layer)
   flags = pareto_flags([p.criteria for p in items])
   points = [dataclasses.replace(p, on_frontier=f)
             for p, f in zip(items, flags, strict=True)]
@@ -174,7 +190,9 @@ def _point(label: str, source: str, policy: Policy, report: ResidualReport,
                        budget=budget, on_frontier=False)
 
 
-def _frontier_budgets(planner: Planner, budgets) -> list[int]:
+def _frontier_budgets(planner: Planner, budgets, per_layer: bool) -> list[int]:
+  if budgets is None and per_layer:
+    return _front_steps(planner)
   if budgets is None or (isinstance(budgets, int) and not isinstance(budgets, bool)):
     count = _DEFAULT_BUDGETS if budgets is None else budgets
     if count < 1:
@@ -190,14 +208,30 @@ def _frontier_budgets(planner: Planner, budgets) -> list[int]:
   return [parse_bytes(b) for b in budgets]
 
 
-def _frontier_plans(planner: Planner, budgets, max_evaluations: int
-                    ) -> list[FrontierPoint]:
+def _front_steps(planner: Planner) -> list[int]:
+  """The device bytes of each step of the per-region front (where another
+  byte of budget buys less recompute), thinned evenly."""
+  regions = planner.region_planner
+  steps = sorted({regions.predicted(m)[0] for m in regions.mixes})
+  if len(steps) <= DENSE_BUDGETS:
+    return steps
+  last = len(steps) - 1
+  return sorted({steps[round(i * last / (DENSE_BUDGETS - 1))]
+                 for i in range(DENSE_BUDGETS)})
+
+
+def _frontier_plans(planner: Planner, budgets, max_evaluations: int,
+                    per_layer: bool) -> list[FrontierPoint]:
   out: list[FrontierPoint] = []
-  for budget in _frontier_budgets(planner, budgets):
+  label, source = ("per-region", "per-region plan") if per_layer else (
+      "plan", "plan")
+  for budget in _frontier_budgets(planner, budgets, per_layer):
     try:
-      p = planner.plan(budget, max_evaluations=max_evaluations)
+      p = planner.plan(budget, max_evaluations=max_evaluations,
+                       per_layer=per_layer)
     except ValueError:  # nothing fits this budget: no point to draw
       continue
-    out.append(_point(f"plan@{format_bytes(budget)}", "plan", p.policy,
-                      p.report, budget))
+    # Dense budgets lie close together: more digits keep labels apart.
+    size = format_bytes(budget, digits=3 if per_layer else 1)
+    out.append(_point(f"{label}@{size}", source, p.policy, p.report, budget))
   return out

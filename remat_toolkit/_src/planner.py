@@ -524,9 +524,8 @@ def _decisions(choice: Choice, names: Sequence[str]) -> dict[str, str]:
 def _describe_choice(choice: Choice) -> str:
   if choice.mode:
     return f"the whole-region alternative {choice.mode}"
-  if not (choice.save or choice.offload):
-    return "keeps only region inputs"
-  return "keeps " + (_choice_label(choice) or "no tagged tensor")
+  return (_choice_label(choice) or "keep only the region inputs") + (
+      "; recompute the rest")
 
 
 def _check_flag(label: str, value: Any) -> None:

@@ -138,7 +138,11 @@ class RegionPlanner:
   def _catalogue_choices(self) -> dict[Choice, Policy]:
     """Choice -> the catalogue policy it comes from (first by name)."""
     labels: dict[Choice, Policy] = {Choice(): resolve.BOUNDARY_ONLY}
-    for name in catalog.list_policies():
+    # Of equal choices our own preset names are shown, the field's (MaxText,
+    # Praxis) only where no preset of ours keeps the same.
+    field = ("maxtext-", "praxis-")
+    for name in sorted(catalog.list_policies(),
+                       key=lambda n: (n.startswith(field), n)):
       policy = catalog.get_policy(name)
       if (policy.is_jax_policy or policy.is_per_region
           or (policy.offloads and not self.planner.allow_offload)

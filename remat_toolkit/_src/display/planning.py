@@ -29,12 +29,11 @@ def plan_summary_lines(plan: Plan) -> list[str]:
       f"({plan.recompute_percent:.1f}% of a no-remat step)",
       f"  estimated peak {fb(plan.estimated_peak)} (kept activations + "
       f"{fb(plan.workspace_bytes)} while one region is recomputed)",
-      ("  proven optimal: the branch and bound finished" if plan.optimal
-       else "  best measured, not proven optimal: the search stopped at "
-       "max_evaluations")
-      + f" ({plan.evaluations} analyzer evaluations)",
+      _proof(plan) + f" ({plan.evaluations} analyzer evaluations)",
   ]
-  if plan.decisions:
+  if plan.per_layer:
+    lines.append(f"  {plan.policy.keeps_summary()}")
+  elif plan.decisions:
     for what in ("save", "offload", "recompute"):
       names = [n for n, d in plan.decisions.items() if d == what]
       if names:
@@ -43,6 +42,43 @@ def plan_summary_lines(plan: Plan) -> list[str]:
     lines.append(f"  policy: {plan.policy.keeps_summary()}")
   lines.extend(f"  warning: {w}" for w in plan.warnings)
   return lines
+
+
+def _proof(plan: Plan) -> str:
+  if plan.per_layer:
+    return ("  optimal: the exact per-region solution, measured as predicted"
+            if plan.optimal else
+            "  best measured, not proven optimal: the regions' measured "
+            "effects do not add up")
+  return ("  proven optimal: the branch and bound finished" if plan.optimal
+          else "  best measured, not proven optimal: the search stopped at "
+          "max_evaluations")
+
+
+def region_runs(plan: Plan) -> list[tuple[str, int, Any]]:
+  """Consecutive regions of one kind and one policy, as ``(label, count,
+  first row)``: a 48-layer plan reads as a few runs."""
+  runs: list[tuple[str, int, Any]] = []
+  start = 0
+  rows = plan.regions
+  for i in range(1, len(rows) + 1):
+    if i < len(rows) and (rows[i].policy, rows[i].kind) == (
+        rows[start].policy, rows[start].kind):
+      continue
+    label = rows[start].region if i - start == 1 else (
+        f"{rows[start].region} .. {rows[i - 1].region}")
+    runs.append((label, i - start, rows[start]))
+    start = i
+  return runs
+
+
+def _plan_region_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
+  body = [[label, str(count), row.policy, fmt.format_bytes(row.activation_bytes),
+           fmt.format_bytes(row.offloaded_bytes) if row.offloaded_bytes else "-",
+           fmt.format_flops(row.recompute_flops)]
+          for label, count, row in region_runs(plan)]
+  return ["regions", "count", "policy", "keeps (each)", "offloads (each)",
+          "recompute (each)"], body
 
 
 def _plan_named_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
@@ -75,6 +111,11 @@ def _plan_group_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
 @to_text.register
 def _(plan: Plan) -> str:
   out = plan_summary_lines(plan)
+  if plan.per_layer:
+    headers, body = _plan_region_rows(plan)
+    out += ["", "per region (keeps: bytes beyond the region's inputs):",
+            fmt.text_table(headers, body,
+                           right=[False, True, False, True, True, True])]
   if plan.groups:
     headers, body = _plan_group_rows(plan)
     out += ["", "group sizes (estimated peak = kept activations + one "
@@ -88,8 +129,10 @@ def _(plan: Plan) -> str:
   if best is not None:
     out.append(f"\nbest named policy that fits: {best.name} "
                f"({best.recompute_percent:.1f}% recompute)")
-  out.append(f"use: `with rt.use_policy(plan.policy):`, or plan.register() / "
-             f"plan.save('{plan.policy.name}.toml')")
+  out.append(f"use: `with rt.use_policy(plan):`, or plan.register() / "
+             f"plan.save('{plan.policy.name}.toml')"
+             + (", or rt.remat_modules(model, plan.rules)" if plan.per_layer
+                else ""))
   return "\n".join(out)
 
 
@@ -106,8 +149,12 @@ def _(plan: Plan) -> str:
     headers, gbody = _plan_group_rows(plan)
     groups = fmt.html_table(headers, gbody, caption="Group sizes",
                             highlight=[g.group == plan.group for g in plan.groups])
+  regions = ""
+  if plan.per_layer:
+    headers, rbody = _plan_region_rows(plan)
+    regions = fmt.html_table(headers, rbody, caption="Per region")
   return (f"<div><p style='font-family:monospace'>{summary}</p>"
-          f"{groups}{named}</div>")
+          f"{regions}{groups}{named}</div>")
 
 
 def _frontier_table(frontier: Frontier) -> tuple[list[str], list[list[str]]]:

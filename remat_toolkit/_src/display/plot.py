@@ -8,6 +8,7 @@ from typing import Any
 
 from remat_toolkit._src.display import require
 from remat_toolkit._src.frontier import Frontier
+from remat_toolkit._src.pareto import pareto_flags
 from remat_toolkit._src.report import Comparison
 
 # ======================================================== the one plot
@@ -23,6 +24,7 @@ class PlotPoint:
   recompute_percent: float
   on_front: bool
   planned: bool = False
+  per_region: bool = False
 
 
 @functools.singledispatch
@@ -41,7 +43,8 @@ def _(comparison: Comparison) -> list[PlotPoint]:
 @plot_points.register
 def _(frontier: Frontier) -> list[PlotPoint]:
   return [PlotPoint(p.label, p.activation_bytes, p.recompute_percent,
-                    p.on_frontier, planned=p.source == "plan")
+                    p.on_frontier, planned=p.source != "named",
+                    per_region=p.source == "per-region plan")
           for p in frontier.points]
 
 
@@ -50,7 +53,9 @@ def plot(result: Any, ax: Any = None) -> Any:
 
   Pareto-optimal points are red and joined by a step line (from each, the
   least recompute affordable until the next); plans, when present, are
-  triangles. Named policies are labelled. Needs matplotlib.
+  triangles, per-region plans diamonds, and the named policies' own front
+  is drawn dashed beside them, so the gain of mixing policies per region
+  shows as the gap. Named policies are labelled. Needs matplotlib.
 
   Returns:
     The matplotlib axes drawn on (a new figure's when ``ax`` is None).
@@ -60,9 +65,10 @@ def plot(result: Any, ax: Any = None) -> Any:
   if ax is None:
     _, ax = plt.subplots(figsize=(7, 4.5))
   points = plot_points(result)
-  for planned, marker, label in ((False, "o", "named policy"),
-                                 (True, "^", "plan")):
-    group = [p for p in points if p.planned == planned]
+  for kind, marker, label in (((False, False), "o", "named policy"),
+                              ((True, False), "^", "plan"),
+                              ((True, True), "D", "per-region plan")):
+    group = [p for p in points if (p.planned, p.per_region) == kind]
     if group:
       ax.scatter([p.activation_bytes / 2**20 for p in group],
                  [p.recompute_percent for p in group], marker=marker,
@@ -76,6 +82,15 @@ def plot(result: Any, ax: Any = None) -> Any:
                  for p in points if p.on_front)
   if front:
     ax.step(*zip(*front, strict=True), where="post", color="tab:red", lw=1)
+  if any(p.per_region for p in points):
+    named = [(p.activation_bytes, p.recompute_percent) for p in points
+             if not p.planned]
+    flags = pareto_flags(named)
+    uniform = sorted((b / 2**20, r) for (b, r), f in zip(named, flags,
+                                                          strict=True) if f)
+    if uniform:
+      ax.step(*zip(*uniform, strict=True), where="post", color="tab:gray",
+              lw=1, ls="--", label="named policies' front")
   ax.set_xlabel("activation memory kept (MiB)")
   ax.set_ylabel("recompute FLOPs (% of a no-remat step)")
   ax.set_title("remat: memory vs recompute")
