@@ -292,13 +292,17 @@ def _conv_flops(eqn: JaxprEqn) -> int:
   return 2 * int(np.prod(out.shape, dtype=np.int64)) * kernel * int(in_per_group)
 
 
-def count_matmul_flops(jaxpr: Jaxpr) -> int:
+def count_matmul_flops(jaxpr: Jaxpr, _counted: dict | None = None) -> int:
   """Matmul and convolution FLOPs of ``jaxpr``, scan bodies times trip count.
 
   ``cond`` counts its most expensive branch; a ``while`` body counts once
   (its trip count is not known statically). This is a fold rather than a
-  :func:`walk`: nested bodies are weighted by their trip count.
+  :func:`walk`: nested bodies are weighted by their trip count. A body
+  shared by many equations (the layers of a model) is counted once.
   """
+  counted = {} if _counted is None else _counted
+  if id(jaxpr) in counted:
+    return counted[id(jaxpr)][1]
   total = 0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -307,10 +311,13 @@ def count_matmul_flops(jaxpr: Jaxpr) -> int:
     elif name == "conv_general_dilated":
       total += _conv_flops(eqn)
     elif name == "cond":
-      total += max((count_matmul_flops(b) for b in sub_jaxprs(eqn)), default=0)
+      total += max((count_matmul_flops(b, counted) for b in sub_jaxprs(eqn)),
+                   default=0)
     else:
-      inner = sum(count_matmul_flops(s) for s in sub_jaxprs(eqn))
+      inner = sum(count_matmul_flops(s, counted) for s in sub_jaxprs(eqn))
       total += inner * scan_length(eqn)
+  # The jaxpr is kept beside its count so that its id is not reused.
+  counted[id(jaxpr)] = (jaxpr, total)
   return total
 
 
@@ -323,12 +330,16 @@ def substitute_policy(jaxpr: Jaxpr, markers: Any,
   ``choose(marker, names_in_region)`` gives the JAX policy for each such
   region. The rest of the program is shared, not re-traced.
   """
+  names: dict[int, frozenset[str]] = {}  # shared bodies are read once
+
   def on_eqn(eqn, recurse):
     policy = compat.remat_policy_of(eqn) if compat.is_remat(eqn) else None
     if policy is not None and policy in markers:
       body = compat.remat_body_of(eqn)
+      if id(body) not in names:
+        names[id(body)] = names_in(body)
       return compat.with_remat(eqn, recurse(body),
-                               choose(policy, names_in(body)))
+                               choose(policy, names[id(body)]))
     return None
 
   return rewrite(jaxpr, on_eqn)

@@ -46,6 +46,9 @@ KEPT_ACTIVATIONS = "kept activations"
 #: are compared).
 ESTIMATED_PEAK = "estimated peak"
 BOUNDS = (KEPT_ACTIVATIONS, ESTIMATED_PEAK)
+#: How the names of presets taken from other frameworks begin (MaxText,
+#: Praxis); where such a preset and one of ours keep the same, ours is shown.
+FIELD_PREFIXES = ("maxtext-", "praxis-")
 
 
 def check_bounds(bounds: Any) -> str:
@@ -239,8 +242,10 @@ class Plan(Rendered):
   @property
   def closest_builtins(self) -> tuple[NamedFit, ...]:
     """The catalogue policies that fit, least recompute first (at most 3)."""
+    # Of equal policies our own preset names come before the field's.
     fitting = sorted((f for f in self.named if f.fits),
-                     key=lambda f: (f.cost, f.activation_bytes, f.name))
+                     key=lambda f: (f.cost, f.activation_bytes,
+                                    f.name.startswith(FIELD_PREFIXES), f.name))
     return tuple(fitting[:3])
 
   @property

@@ -54,6 +54,7 @@ from remat_toolkit._src.knapsack import Option
 from remat_toolkit._src.knapsack import cheapest
 from remat_toolkit._src.knapsack import pareto_mixes
 from remat_toolkit._src.plan_result import ESTIMATED_PEAK
+from remat_toolkit._src.plan_result import FIELD_PREFIXES
 from remat_toolkit._src.plan_result import Plan
 from remat_toolkit._src.plan_result import RegionPlan
 from remat_toolkit._src.plan_search import AdditiveModel
@@ -140,9 +141,8 @@ class RegionPlanner:
     labels: dict[Choice, Policy] = {Choice(): resolve.BOUNDARY_ONLY}
     # Of equal choices our own preset names are shown, the field's (MaxText,
     # Praxis) only where no preset of ours keeps the same.
-    field = ("maxtext-", "praxis-")
     for name in sorted(catalog.list_policies(),
-                       key=lambda n: (n.startswith(field), n)):
+                       key=lambda n: (n.startswith(FIELD_PREFIXES), n)):
       policy = catalog.get_policy(name)
       if (policy.is_jax_policy or policy.is_per_region
           or (policy.offloads and not self.planner.allow_offload)

@@ -160,8 +160,17 @@ class TracedProgram:
 
   def lowered(self, policy: Policy) -> tuple[Any, ...]:
     """The JAX policy each region key gets under ``policy``, in key order."""
-    return tuple(policy.to_jax(names, region=key)
-                 for key, names in self._region_names.items())
+    # Lowering expands name patterns: once per distinct (policy, names), not
+    # once per layer.
+    done: dict[tuple[int, frozenset[str]], Any] = {}
+    out = []
+    for key, names in self._region_names.items():
+      chosen = policy.for_region(key)
+      memo = (id(chosen), names)
+      if memo not in done:
+        done[memo] = policy.to_jax(names, region=key)
+      out.append(done[memo])
+    return tuple(out)
 
   def _substituted(self, policy: Policy):
     mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))

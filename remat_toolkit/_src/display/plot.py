@@ -74,10 +74,16 @@ def plot(result: Any, ax: Any = None) -> Any:
                  [p.recompute_percent for p in group], marker=marker,
                  c=["tab:red" if p.on_front else "tab:gray" for p in group],
                  label=label)
+  # Policies that keep the same share one point and one label.
+  labels: dict[tuple[int, float], list[str]] = {}
   for p in points:
     if not p.planned:
-      ax.annotate(p.label, (p.activation_bytes / 2**20, p.recompute_percent),
-                  fontsize=7, xytext=(3, 3), textcoords="offset points")
+      labels.setdefault((p.activation_bytes, p.recompute_percent),
+                        []).append(p.label)
+  for (nbytes, percent), names in labels.items():
+    text = names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
+    ax.annotate(text, (nbytes / 2**20, percent), fontsize=7, xytext=(3, 3),
+                textcoords="offset points")
   front = sorted((p.activation_bytes / 2**20, p.recompute_percent)
                  for p in points if p.on_front)
   if front:
