@@ -498,10 +498,14 @@ class Planner:
     why = "" if complete else (
         " (the search stopped at its evaluation limit; raise max_evaluations)")
     what = "peak budget" if peak else "activation budget"
+    least, measure = small.device_bytes, "activation memory"
+    if peak:  # the estimated peak grows with what is kept: least kept, least peak
+      least += self.workspace_bytes(least)
+      measure = "estimated peak (kept activations + one region's workspace)"
     return ValueError(
         f"No policy fits the {what} of {format_bytes(budget)} ({budget} "
-        f"bytes){why}: the least activation memory measured is "
-        f"{format_bytes(small.device_bytes)} ({small.device_bytes} bytes, "
+        f"bytes){why}: the least {measure} measured is "
+        f"{format_bytes(least)} ({least} bytes, "
         f"{label}). Raise the budget to at least that, use a smaller "
         "micro-batch, larger remat groups, or (jax_remat3 off) "
         "allow_offload=True.")
