@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 import remat_toolkit as rt
 from remat_toolkit._src import compat
 from remat_toolkit._src import sharding
+from remat_toolkit._src.planner import Planner
 
 MIB = 2**20
 GIB = 2**30
@@ -136,6 +137,67 @@ def test_compare_shows_the_per_device_column_and_method():
   assert "per device = what one of 256 devices holds (traced shardings)" in str(c)
 
 
+def test_plan_fits_the_budget_per_device_not_in_total():
+  args = big_args()
+  budget = L * X_SHARD + 2 * UP_SHARD  # 160 MiB: ffn.up of two blocks fits
+  with pytest.raises(ValueError, match="No policy fits the activation budget"):
+    rt.plan(loss, *args, budget=budget)  # in total it is GiBs
+  uniform = rt.plan(loss, *args, budget=budget, per_device=True)
+  per_layer = rt.plan(loss, *args, budget=budget, per_device=True,
+                      per_layer=True)
+  for p in (uniform, per_layer):
+    assert p.per_device and p.devices == 256
+    assert p.per_device_method == "traced shardings"
+    assert p.kept_bytes == p.activation_bytes_per_device <= budget
+    assert p.activation_bytes > 40 * budget
+    assert p.estimated_peak == p.kept_bytes + p.workspace_bytes
+    # JAX's own residuals under the planned policy hold the same per device.
+    assert sum(jax_shard_bytes(loss, p.policy, args)) == p.kept_bytes
+  # Keeping ffn.up in every block (192 MiB) does not fit; in two does.
+  assert uniform.decisions["ffn.up"] == "recompute"
+  assert per_layer.activation_bytes_per_device == budget
+  assert per_layer.recompute_flops < uniform.recompute_flops
+  assert all(f.activation_bytes <= budget for f in uniform.named if f.fits)
+
+
+def test_plan_says_per_device_in_text_dict_and_policy_file():
+  p = rt.plan(loss, *big_args(), budget="200MiB", per_device=True)
+  text = str(p)
+  assert "budget 200.0 MiB (kept activations per device)" in text
+  assert "per device (256 devices, traced shardings;" in text
+  data = p.to_dict()
+  assert data["per_device"] is True and data["devices"] == 256
+  assert data["per_device_method"] == "traced shardings"
+  assert data["activation_bytes_per_device"] == p.kept_bytes
+  assert data["activation_bytes"] == p.activation_bytes > p.kept_bytes
+  assert "kept activations per device" in p.policy.description
+  assert "per device" in p.toml().splitlines()[1]
+
+
+def test_planner_takes_per_device_too():
+  args = big_args()
+  planner = Planner(loss, *args, per_device=True)
+  assert planner.per_device and planner.boundary_only_bytes == L * X_SHARD
+  p = planner.plan("200MiB")
+  assert p.policy == rt.plan(loss, *args, budget="200MiB", per_device=True).policy
+
+
+def test_default_keeps_total_budgets_and_old_keys():
+  # Arguments small enough for total budgets, on the same 64 x 4 mesh.
+  params = [(sharded(MESH, (8, 16), None, "model"),
+             sharded(MESH, (16, 8), "model", None))] * 2
+  x = sharded(MESH, (128, 8), "data", None)
+  p = rt.plan(loss, params, x, budget="64KiB")
+  assert not p.per_device and p.kept_bytes == p.activation_bytes <= 64 * 1024
+  data = p.to_dict()
+  assert data["per_device"] is False
+  assert {"policy", "budget", "bounds", "activation_bytes", "estimated_peak",
+          "named", "regions"} <= set(data)
+
+
+# ------------------------------------------------------------ bad inputs
+
+
 def _plain_loss(w, x):
   return jnp.mean(block_auto(w, w.T, x) ** 2)
 
@@ -144,6 +206,25 @@ def _plain_loss(w, x):
 def block_auto(w_up, w_down, x):
   h = rt.tag(x @ w_up, "ffn.up")
   return x + rt.tag(jnp.tanh(h) @ w_down, "ffn.down")
+
+
+def test_per_device_without_shardings_says_how_to_give_them():
+  args = (jax.ShapeDtypeStruct((8, 16), jnp.float32),
+          jax.ShapeDtypeStruct((4, 8), jnp.float32))
+  with pytest.raises(ValueError, match="carry no sharding.*AbstractMesh"):
+    rt.plan(_plain_loss, *args, budget="1KiB", per_device=True)
+  with pytest.raises(ValueError, match="carry no sharding"):
+    Planner(_plain_loss, *args, per_device=True)
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_per_device_must_be_a_bool(value):
+  args = (jax.ShapeDtypeStruct((8, 16), jnp.float32),
+          jax.ShapeDtypeStruct((4, 8), jnp.float32))
+  with pytest.raises(TypeError, match=f"per_device must be True or False, got {value!r}"):
+    rt.plan(_plain_loss, *args, budget="1KiB", per_device=value)
+  with pytest.raises(TypeError, match="per_device must be True or False"):
+    Planner(_plain_loss, *args, per_device=value)
 
 
 def test_arguments_on_two_meshes_are_refused():
@@ -201,6 +282,9 @@ def small_figures(mesh):
     r = rt.analyze(small_loss, *small_args(mesh), policy=policy)
     out[policy] = [r.per_device_method, r.devices, r.per_device_activation_bytes,
                    [x.per_device_nbytes for x in r.residuals]]
+  p = rt.plan(small_loss, *small_args(mesh), budget=out["save-ffn"][2],
+              per_device=True)
+  out["plan"] = [p.per_device_method, p.kept_bytes, p.decisions]
   return out
 
 
@@ -241,6 +325,9 @@ def test_subprocess_method_matches_compiling_on_eight_devices(eight_devices):
     assert here[policy][0] == "compiled here"
     assert there[policy][0] == "compiled in a subprocess"
     assert there[policy][1:] == here[policy][1:], policy
+  assert here["plan"][0] == "compiled here"
+  assert there["plan"][0] == "compiled in a subprocess"
+  assert there["plan"][1:] == here["plan"][1:]
   # Batch-sharded activations: an eighth... of the "data" axis's 4 ways.
   r = rt.analyze(small_loss, *small_args(mesh), policy="boundary-only")
   assert r.per_device_activation_bytes * 4 == r.activation_bytes
