@@ -343,6 +343,11 @@ def test_explicit_mesh_falls_back_to_auto_axes_for_code_not_written_for_it():
   assert "ShardingTypeError" in r.warnings[-1]
   expected = rt.analyze(small_loss, *small_args(auto), policy="save-ffn")
   assert our_shard_bytes(r) == our_shard_bytes(expected)
+  with pytest.warns(UserWarning, match="not written for explicit sharding"):
+    p = rt.plan(small_loss, *small_args(explicit), budget=r.activation_bytes,
+                per_device=True)
+  assert p.per_device_method == "compiled in a subprocess"
+  assert any("ShardingTypeError" in w for w in p.warnings)
 
 
 @pytest.mark.slow

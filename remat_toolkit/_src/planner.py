@@ -279,7 +279,8 @@ class Planner:
     self.program = program
     self.warnings: tuple[str, ...] = tuple(
         region_warnings(program)
-        + ([] if program.ambient_names else [_NO_NAMES]))
+        + ([] if program.ambient_names else [_NO_NAMES])
+        + ([program.layout.note] if program.layout.note else []))
     self.allow_offload = allow_offload
     self.host_bandwidth = float(host_bandwidth)
     self.device_flops = float(device_flops)
@@ -657,6 +658,7 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
       ``Explicit`` axes the shardings are read off the trace, with ``Auto``
       axes the program is compiled for ``mesh.size`` simulated CPU devices
       in a subprocess (see :mod:`~remat_toolkit._src.sharding`).
+      ``host_budget`` and offloaded bytes stay totals over all devices.
 
   Returns:
     A :class:`Plan`; its ``warnings`` (each raised once as a ``UserWarning``)
