@@ -106,7 +106,7 @@ def _plan_layout(group: Any, planner: Any, limit: int, search: dict
     return None, GroupEstimate(*facts, workspace, kept, kept + workspace,
                                recompute, "", False, "nothing fits")
   p = dataclasses.replace(p, group=group)
-  return p, GroupEstimate(*facts, p.workspace_bytes, p.activation_bytes,
+  return p, GroupEstimate(*facts, p.workspace_bytes, p.kept_bytes,
                           p.estimated_peak, p.recompute_flops, p.policy.name,
                           True)
 

@@ -192,6 +192,12 @@ class Plan(Rendered):
       checkpoint name to decide on.
     regions: for a per-region plan (``per_layer=True``), each region's
       policy and numbers, in program order; empty for a uniform plan.
+    per_device: whether the budget bounds one device's share of the
+      activations (``per_device=True``): then every byte figure compared
+      with it (:attr:`kept_bytes`, :attr:`smallest_bytes`,
+      :attr:`workspace_bytes`, the named policies' and regions' bytes) is
+      per device, found by :attr:`per_device_method`;
+      :attr:`activation_bytes` stays the total over all devices.
   """
 
   policy: Policy
@@ -212,12 +218,36 @@ class Plan(Rendered):
   groups: tuple[GroupEstimate, ...] = ()
   warnings: tuple[str, ...] = ()
   regions: tuple[RegionPlan, ...] = ()
+  per_device: bool = False
 
   # ------------------------------------------------------------ measured
   @property
   def activation_bytes(self) -> int:
-    """Device bytes the policy keeps (measured)."""
+    """Device bytes the policy keeps (measured), on all devices together."""
     return self.report.activation_bytes
+
+  @property
+  def activation_bytes_per_device(self) -> int:
+    """Device bytes one device keeps (the total when unsharded)."""
+    return self.report.activation_bytes_per_device
+
+  @property
+  def kept_bytes(self) -> int:
+    """The kept activations the budget bounds: one device's share with
+    :attr:`per_device`, else :attr:`activation_bytes`."""
+    return (self.activation_bytes_per_device if self.per_device
+            else self.activation_bytes)
+
+  @property
+  def devices(self) -> int:
+    """Devices the arguments are sharded over (1 if none)."""
+    return self.report.devices
+
+  @property
+  def per_device_method(self) -> str | None:
+    """How the per-device figures were found (None when unsharded); see
+    :attr:`ResidualReport.per_device_method`."""
+    return self.report.per_device_method
 
   @property
   def offloaded_bytes(self) -> int:
@@ -236,8 +266,8 @@ class Plan(Rendered):
 
   @property
   def estimated_peak(self) -> int:
-    """``activation_bytes + workspace_bytes``."""
-    return self.activation_bytes + self.workspace_bytes
+    """``kept_bytes + workspace_bytes`` (per device with :attr:`per_device`)."""
+    return self.kept_bytes + self.workspace_bytes
 
   @property
   def closest_builtins(self) -> tuple[NamedFit, ...]:
@@ -315,8 +345,10 @@ class Plan(Rendered):
     """The policy file's text, with the plan's numbers as comments."""
     head = [
         "# Written by remat_toolkit.plan.",
-        f"# budget {format_bytes(self.budget)} ({self.bounds}): keeps "
-        f"{format_bytes(self.activation_bytes)} on device, recomputes "
+        f"# budget {format_bytes(self.budget)} ({self.bounds}"
+        + (" per device" if self.per_device else "") + "): keeps "
+        f"{format_bytes(self.kept_bytes)} "
+        + ("per device" if self.per_device else "on device") + ", recomputes "
         f"{format_flops(self.recompute_flops)} "
         f"({self.recompute_percent:.1f}% of a no-remat step)"
         + (f"; group size {self.group}" if self.group is not None else ""),
@@ -351,6 +383,10 @@ class Plan(Rendered):
         "device_flops": self.device_flops,
         "warnings": list(self.warnings),
         "regions": [dataclasses.asdict(r) for r in self.regions],
+        "per_device": self.per_device,
+        "devices": self.devices,
+        "per_device_method": self.per_device_method,
+        "activation_bytes_per_device": self.activation_bytes_per_device,
     }
 
   def to_json(self, **kwargs: Any) -> str:

@@ -81,6 +81,8 @@ from remat_toolkit._src.plan_groups import DEFAULT_GROUP_SIZES
 from remat_toolkit._src.plan_groups import GroupsLike
 from remat_toolkit._src.plan_groups import layouts
 from remat_toolkit._src.plan_groups import plan_groups
+from remat_toolkit._src.plan_per_device import check_per_device
+from remat_toolkit._src.plan_per_device import device_figures
 from remat_toolkit._src.plan_result import ESTIMATED_PEAK
 from remat_toolkit._src.plan_result import KEPT_ACTIVATIONS
 from remat_toolkit._src.plan_result import GroupEstimate
@@ -175,9 +177,11 @@ def _model_id(fn: Callable[..., Any], program: TracedProgram) -> str:
 class _Evaluator:
   """Real measurements of choices on one traced program, cached."""
 
-  def __init__(self, program: TracedProgram, transfer_flops_per_byte: float):
+  def __init__(self, program: TracedProgram, transfer_flops_per_byte: float,
+               per_device: bool = False):
     self.program = program
     self.transfer = transfer_flops_per_byte
+    self.per_device = per_device
     self.evaluations = 0
     self.limit: int | None = None
     self._cache: dict[Choice, Outcome] = {}
@@ -210,12 +214,9 @@ class _Evaluator:
     return found
 
   def _outcome(self, choice: Choice | None, report: ResidualReport) -> Outcome:
-    by_name: dict[str, int] = {}
-    for r in report.activations:
-      if r.memory_kind == "device" and r.name is not None:
-        by_name[r.name] = by_name.get(r.name, 0) + r.nbytes
+    device, by_name = device_figures(report, self.per_device)
     return Outcome(
-        choice=choice, device_bytes=report.activation_bytes,
+        choice=choice, device_bytes=device,
         host_bytes=report.offloaded_bytes,
         recompute_flops=report.recompute_flops,
         cost=report.recompute_flops + 2 * report.offloaded_bytes * self.transfer,
@@ -240,10 +241,14 @@ class Planner:
     allow_offload: also consider host offloading (needs ``jax_remat3`` off).
     host_bandwidth: bytes/s each way between device and host.
     device_flops: FLOP/s, to convert transfer time into FLOP-equivalents.
+    per_device: every budget bounds one device's share of sharded
+      arguments' activations (see :func:`plan`).
 
   Raises:
     ValueError: ``fn`` has no remat region that reads the ambient policy,
-      offloading under ``jax_remat3``, or a rate that is not positive.
+      offloading under ``jax_remat3``, a rate that is not positive, or
+      ``per_device=True`` with unsharded arguments.
+    TypeError: ``per_device`` is not a bool.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -262,20 +267,25 @@ class Planner:
   def __init__(self, fn: Callable[..., Any], *args: Any,
                allow_offload: bool = False,
                host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
-               device_flops: float = DEFAULT_DEVICE_FLOPS):
+               device_flops: float = DEFAULT_DEVICE_FLOPS,
+               per_device: bool = False):
     _check_rates(allow_offload, host_bandwidth, device_flops)
+    check_per_device(per_device)
     program = TracedProgram(fn, args)
+    self.per_device = check_per_device(per_device, program)
     if program.regions == 0:
       raise ValueError("There is nothing to plan: "
                        + region_warnings(program)[0])
     self.program = program
     self.warnings: tuple[str, ...] = tuple(
         region_warnings(program)
-        + ([] if program.ambient_names else [_NO_NAMES]))
+        + ([] if program.ambient_names else [_NO_NAMES])
+        + ([program.layout.note] if program.layout.note else []))
     self.allow_offload = allow_offload
     self.host_bandwidth = float(host_bandwidth)
     self.device_flops = float(device_flops)
-    self._evaluate = _Evaluator(program, self.device_flops / self.host_bandwidth)
+    self._evaluate = _Evaluator(program, self.device_flops / self.host_bandwidth,
+                                per_device)
     self.names: tuple[str, ...] = tuple(sorted(program.names))
     self.model_id = _model_id(fn, program)
     self._named = self._catalogue()
@@ -361,7 +371,7 @@ class Planner:
       raise self._infeasible(limit, complete, peak)
     choice = best.choice
     policy = _choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
-                            _describe(choice, limit, best, peak))
+                            _describe(choice, limit, best, peak, self.per_device))
     return Plan(
         policy=policy, budget=limit, cost=best.cost,
         decisions=_decisions(choice, self.names),
@@ -370,7 +380,8 @@ class Planner:
         smallest_bytes=self._smallest().device_bytes,
         workspace_bytes=self.workspace_bytes(best.device_bytes),
         bounds=bounds, host_budget=host, host_bandwidth=self.host_bandwidth,
-        device_flops=self.device_flops, warnings=self.warnings)
+        device_flops=self.device_flops, warnings=self.warnings,
+        per_device=self.per_device)
 
   @property
   def region_planner(self) -> RegionPlanner:
@@ -498,6 +509,7 @@ class Planner:
     why = "" if complete else (
         " (the search stopped at its evaluation limit; raise max_evaluations)")
     what = "peak budget" if peak else "activation budget"
+    what = f"per-device {what}" if self.per_device else what
     least, measure = small.device_bytes, "activation memory"
     if peak:  # the estimated peak grows with what is kept: least kept, least peak
       least += self.workspace_bytes(least)
@@ -537,7 +549,8 @@ def _check_flag(label: str, value: Any) -> None:
     raise TypeError(f"{label} must be True or False, got {value!r}.")
 
 
-def _describe(choice: Choice, budget: int, o: Outcome, peak: bool) -> str:
+def _describe(choice: Choice, budget: int, o: Outcome, peak: bool,
+              per_device: bool = False) -> str:
   if choice.mode:
     what = f"the whole-model alternative {choice.mode}"
   elif choice.save or choice.offload:
@@ -547,6 +560,7 @@ def _describe(choice: Choice, budget: int, o: Outcome, peak: bool) -> str:
   else:
     what = "keeps only region inputs"
   bound = "an estimated peak" if peak else "kept activations"
+  bound += " per device" if per_device else ""
   return (f"Planned by remat_toolkit.plan for {bound} of at most "
           f"{format_bytes(budget)}: {what}; recomputes the rest "
           f"({o.report.recompute_percent:.1f}% of a no-remat step).")
@@ -599,7 +613,7 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
          groups: GroupsLike | None = None,
          group_sizes: Sequence[Any] | None = None,
          max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
-         per_layer: bool = False) -> Plan:
+         per_layer: bool = False, per_device: bool = False) -> Plan:
   """The policy with the least recompute that fits ``budget``.
 
   Args:
@@ -638,6 +652,16 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
       per-region :class:`Policy`; :attr:`Plan.regions` lists each region's
       choice. Regions inside one ``scan`` are one region. Never more
       recompute than the best uniform choice among the candidates.
+    per_device: ``budget`` bounds what one device holds of sharded
+      arguments' activations (their largest shards), not the total; every
+      figure the plan compares is then per device, and its text says by
+      which method they were found. The arguments must carry shardings
+      (``jax.ShapeDtypeStruct(..., sharding=NamedSharding(mesh, spec))``);
+      ``mesh`` may be a ``jax.sharding.AbstractMesh`` of any size: with
+      ``Explicit`` axes the shardings are read off the trace, with ``Auto``
+      axes the program is compiled for ``mesh.size`` simulated CPU devices
+      in a subprocess (see :mod:`~remat_toolkit._src.sharding`).
+      ``host_budget`` and offloaded bytes stay totals over all devices.
 
   Returns:
     A :class:`Plan`; its ``warnings`` (each raised once as a ``UserWarning``)
@@ -646,9 +670,10 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
   Raises:
     ValueError: a budget below the least any policy keeps (the message says
       how much that is), a malformed size, ``fn`` without remat regions,
-      offloading where it cannot run, or ``bounds='kept activations'`` with
-      ``groups``.
-    TypeError: malformed ``groups``.
+      offloading where it cannot run, ``bounds='kept activations'`` with
+      ``groups``, or ``per_device=True`` with unsharded arguments.
+    TypeError: malformed ``groups``; ``per_layer`` or ``per_device`` not a
+      bool.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -661,13 +686,38 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     >>> p = rt.plan(lambda w, x: block(w, x).sum(), *args, budget="2KiB")
     >>> p.decisions, p.bounds, p.optimal
     ({'ffn.up': 'save'}, 'kept activations', True)
+
+    A budget per device, for a 64 x 4 mesh this machine does not have (an
+    ``AbstractMesh`` of ``Explicit`` axes: the shardings are traced):
+
+    >>> from jax.sharding import AbstractMesh, AxisType, NamedSharding
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = AbstractMesh((64, 4), ("data", "model"),
+    ...                     axis_types=(AxisType.Explicit,) * 2)
+    >>> def sharded(shape, *spec):
+    ...   return jax.ShapeDtypeStruct(shape, jnp.float32,
+    ...                               sharding=NamedSharding(mesh, P(*spec)))
+    >>> @rt.remat
+    ... def mlp(w1, w2, x):
+    ...   h = jnp.tanh(rt.tag(x @ w1, "ffn.up"))  # sharded P("data", "model")
+    ...   return jnp.matmul(h, w2, out_sharding=P("data", None))
+    >>> p = rt.plan(lambda w1, w2, x: mlp(w1, w2, x).sum(),
+    ...             sharded((64, 256), None, "model"),
+    ...             sharded((256, 64), "model", None),
+    ...             sharded((1024, 64), "data", None),
+    ...             budget="4KiB", per_device=True)
+    >>> p.decisions, p.activation_bytes_per_device, p.activation_bytes
+    ({'ffn.up': 'save'}, 4096, 1048576)
+    >>> p.devices, p.per_device_method
+    (256, 'traced shardings')
   """
   limit = parse_bytes(budget)
   bounds = plan_bounds(bounds, groups)
   _check_rates(allow_offload, host_bandwidth, device_flops)
   _check_search(allow_offload, host_budget, max_evaluations)
+  check_per_device(per_device)
   rates = dict(allow_offload=allow_offload, host_bandwidth=host_bandwidth,
-               device_flops=device_flops)
+               device_flops=device_flops, per_device=per_device)
   _check_flag("per_layer", per_layer)
   search = dict(host_budget=host_budget, max_evaluations=max_evaluations,
                 per_layer=per_layer)

@@ -372,7 +372,8 @@ def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,
       bounds=bounds, host_budget=host, host_bandwidth=planner.host_bandwidth,
       device_flops=planner.device_flops,
       warnings=planner.warnings + (() if exact else (_NOT_ADDITIVE,)),
-      regions=tuple(_region_rows(regions, assignment)))
+      regions=tuple(_region_rows(regions, assignment)),
+      per_device=planner.per_device)
 
 
 def region_policy(planner: Planner, assignment: Sequence[tuple[str, Candidate]],
@@ -386,7 +387,8 @@ def region_policy(planner: Planner, assignment: Sequence[tuple[str, Candidate]],
   description = ""
   if outcome is not None:
     bound = ("an estimated peak" if bounds == ESTIMATED_PEAK
-             else "kept activations")
+             else "kept activations") + (
+                 " per device" if planner.per_device else "")
     counts = Policy(name="counts", regions=pairs).keeps_summary()
     description = (
         f"Planned by remat_toolkit.plan per region for {bound} of at most "

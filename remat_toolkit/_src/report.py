@@ -47,6 +47,8 @@ class Residual:
     memory_kind: ``"device"`` or ``"host"`` (offloaded).
     stacked: the scan length it is stacked over (1 outside scans).
     label: for arguments, the pytree path of the argument leaf.
+    per_device_nbytes: bytes one device holds (its largest shard), when the
+      arguments are sharded over several devices; None otherwise.
   """
 
   shape: tuple[int, ...]
@@ -60,6 +62,12 @@ class Residual:
   memory_kind: str
   stacked: int = 1
   label: str = ""
+  per_device_nbytes: int | None = None
+
+  @property
+  def device_share(self) -> int:
+    """Bytes one device holds: :attr:`per_device_nbytes`, else all of it."""
+    return self.nbytes if self.per_device_nbytes is None else self.per_device_nbytes
 
   @property
   def what(self) -> str:
@@ -99,6 +107,12 @@ class ResidualReport(Rendered):
     devices: number of devices the arguments are sharded over (1 if none).
     per_device_activation_bytes: activation bytes held by one device, when
       the arguments carry shardings.
+    per_device_method: how the per-device figures were found, when the
+      arguments carry shardings: ``"traced shardings"`` (read off the
+      program traced on an ``AbstractMesh`` of ``Explicit`` axes),
+      ``"compiled here"`` (compiled for this process's devices) or
+      ``"compiled in a subprocess"`` (compiled for ``devices`` simulated CPU
+      devices); see :mod:`remat_toolkit._src.sharding`.
     warnings: why the figures may not be this policy's own: no region reads
       it, regions with their own policy ignore it, or it keeps none of its
       names in this model (see
@@ -116,6 +130,7 @@ class ResidualReport(Rendered):
   devices: int = 1
   per_device_activation_bytes: int | None = None
   warnings: tuple[str, ...] = ()
+  per_device_method: str | None = None
 
   # ------------------------------------------------------------ totals
   @property
@@ -178,6 +193,7 @@ class ResidualReport(Rendered):
         "argument_bytes": self.argument_bytes,
         "activation_bytes_per_device": self.activation_bytes_per_device,
         "devices": self.devices,
+        "per_device_method": self.per_device_method,
         "forward_flops": self.forward_flops,
         "backward_flops": self.backward_flops,
         "recompute_flops": self.recompute_flops,
@@ -299,6 +315,7 @@ class Comparison(Rendered):
           "largest": self.distinctive(name),
           "xla_temp_bytes": (r.xla or {}).get("temp_bytes"),
           "activation_bytes_per_device": r.activation_bytes_per_device,
+          "per_device_method": r.per_device_method,
           "pareto": pareto[name],
           "keeps_none_of_its_names": name in silent,
       })

@@ -239,16 +239,17 @@ def aval_nbytes(aval: Any) -> int:
   return int(math.prod(aval.shape)) * dtype_itemsize(aval.dtype)
 
 
-def residual_shardings(step: Any, variables: list[Any],
-                       leaves: list[Any]) -> list[Any]:
-  """The sharding XLA gives each of ``variables`` of the traced step.
+def residual_program(step: Any, variables: list[Any]
+                     ) -> tuple[Callable[..., list[Any]], list[bool], Jaxpr]:
+  """The step's forward part with ``variables`` as its outputs.
 
-  Compiles the step's forward part with those variables as outputs, the
-  arguments sharded as ``leaves`` say (their ``sharding``), and the output
-  shardings left to XLA's sharding propagation: what a jitted training step
-  holds on each device. A literal gets ``None``.
+  Returns ``(run, kept, jaxpr)``: ``run(*arguments)`` computes the variables
+  that are not literals, in order; ``kept[i]`` says whether ``variables[i]``
+  is one of them (a literal is no output of any program); ``jaxpr`` is what
+  ``run`` evaluates, without the equations no output needs.
   """
-  outs = [v for v in variables if not isinstance(v, Literal)]
+  kept = [not isinstance(v, Literal) for v in variables]
+  outs = [v for v, k in zip(variables, kept, strict=True) if k]
   forward = compat.dce_jaxpr(step.jaxpr.replace(outvars=outs),
                              [True] * len(outs))
   consts = step.consts
@@ -256,6 +257,19 @@ def residual_shardings(step: Any, variables: list[Any],
   def run(*xs):
     return compat.eval_jaxpr(forward, consts, *xs)
 
+  return run, kept, forward
+
+
+def residual_shardings(step: Any, variables: list[Any],
+                       leaves: list[Any]) -> list[Any]:
+  """The sharding XLA gives each of ``variables`` of the traced step.
+
+  Compiles :func:`residual_program` here, the arguments sharded as
+  ``leaves`` say (their ``sharding``), and the output shardings left to
+  XLA's sharding propagation: what a jitted training step holds on each
+  device. A literal gets ``None``.
+  """
+  run, kept, _ = residual_program(step, variables)
   compiled = jax.jit(run).lower(*leaves).compile()
   shardings = iter(compiled.output_shardings)
-  return [None if isinstance(v, Literal) else next(shardings) for v in variables]
+  return [next(shardings) if k else None for k in kept]

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -76,8 +77,18 @@ class TracedProgram:
     def flat_fn(*xs):
       return fn(*jax.tree_util.tree_unflatten(treedef, xs))
 
-    with lowering.substitute_ambient(self._markers):
-      closed, out_shape = _jaxpr.trace_program(flat_fn, self._leaves)
+    self._layout = _sharding.layout_of(self._leaves)
+    try:
+      closed, out_shape = self._trace(flat_fn)
+    except compat.ShardingTypeError as e:
+      if self._layout.mesh is None:  # concrete devices: the user's to fix
+        raise
+      # Not written for explicit sharding: trace it on Auto axes, where XLA
+      # decides the shardings, and measure them by compiling.
+      self._leaves, self._layout = _sharding.auto_axes(self._leaves,
+                                                       self._layout, e)
+      self._markers = lowering.RegionMarkers()
+      closed, out_shape = self._trace(flat_fn)
     out_leaves = jax.tree_util.tree_leaves(out_shape)
     if (len(out_leaves) != 1 or out_leaves[0].shape != ()
         or not jax.numpy.issubdtype(out_leaves[0].dtype, jax.numpy.inexact)):
@@ -95,6 +106,16 @@ class TracedProgram:
     self._kinds: list[tuple[str, ...]] | None = None
     self._steps: dict[Any, tuple[Any, int]] = {}
     self._baseline_flops: int | None = None
+
+  def _trace(self, flat_fn):
+    with lowering.substitute_ambient(self._markers), _sharding.tracing(
+        self._layout):
+      return _jaxpr.trace_program(flat_fn, self._leaves)
+
+  @property
+  def layout(self) -> _sharding.Layout:
+    """How the arguments are spread over devices, and how that is measured."""
+    return self._layout
 
   @property
   def names(self) -> frozenset[str]:
@@ -184,8 +205,9 @@ class TracedProgram:
     if key not in self._steps:
       jaxpr = self._substituted(policy)
       try:
-        self._steps[key] = _residuals.trace_training_step(
-            jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
+        with _sharding.tracing(self._layout):
+          self._steps[key] = _residuals.trace_training_step(
+              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
       except NotImplementedError as e:
         # JAX's remat refuses some effects (io_callback) inside a region.
         sites = _jaxpr.effects_in_remat_regions(self.jaxpr.jaxpr)
@@ -206,8 +228,9 @@ class TracedProgram:
       if compat.remat3_enabled():
         # jax 0.10's remat3 everything_saveable recomputes un-named values.
         jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._markers)
-        step = _residuals.trace_training_step(jaxpr, self.jaxpr.consts,
-                                             self._leaves, self.forward_flops)
+        with _sharding.tracing(self._layout):
+          step = _residuals.trace_training_step(
+              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
       else:
         step = self.step(SAVE_EVERYTHING)
       self._baseline_flops = self.forward_flops + step.backward_flops
@@ -237,14 +260,22 @@ class TracedProgram:
 
   def report(self, policy: Policy, *, compile: bool = False) -> ResidualReport:
     """The :class:`ResidualReport` of ``policy`` on this program."""
-    residuals = tuple(self.residuals(policy))
     step = self.step(policy)
+    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    residuals = tuple(self._residual(o) for o in origins)
     base = self.baseline_step_flops
     total = self.forward_flops + step.backward_flops
-    # The residuals' shardings are read from the traced step compiled with
-    # the arguments' shardings; unsharded programs skip that.
-    devices, per_device = _sharding.activation_bytes_per_device(
-        residuals, self._leaves, step)
+    # Per-device shares, by the method the arguments' shardings allow
+    # (read off the trace, or compiled here or in a subprocess).
+    shares = _sharding.residual_device_bytes(origins, self._leaves, step,
+                                             self._layout)
+    per_device = None
+    if shares is not None:
+      residuals = tuple(dataclasses.replace(r, per_device_nbytes=b)
+                        for r, b in zip(residuals, shares, strict=True))
+      per_device = sum(r.per_device_nbytes for r in residuals
+                       if r.kind == "activation" and r.memory_kind == "device")
+    notes = [self._layout.note] if self._layout.note else []
     return ResidualReport(
         policy=policy.name, residuals=residuals,
         forward_flops=self.forward_flops,
@@ -252,11 +283,24 @@ class TracedProgram:
         recompute_flops=max(total - base, 0), baseline_step_flops=base,
         remat_regions=self.regions,
         xla=self.xla_memory(policy) if compile else None,
-        devices=devices, per_device_activation_bytes=per_device,
-        warnings=tuple(policy_warnings(self, policy)))
+        devices=self._layout.devices, per_device_activation_bytes=per_device,
+        warnings=tuple(policy_warnings(self, policy)) + tuple(notes),
+        per_device_method=self._layout.method)
 
   def xla_memory(self, policy: Policy) -> dict[str, Any]:
-    """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``."""
+    """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``.
+
+    Raises:
+      ValueError: for arguments on an ``AbstractMesh`` (no devices here to
+        compile for).
+    """
+    if self._layout.mesh is not None:
+      raise ValueError(
+          f"compile=True compiles for this machine's devices, but the "
+          f"arguments are sharded on the abstract mesh {self._layout.mesh} "
+          f"({self._layout.devices} devices); drop compile=True (the per-device "
+          f"figures come from {self._layout.method!r}), or shard the arguments "
+          "over jax.devices().")
     jaxpr = self._substituted(policy)
     consts = self.jaxpr.consts
     diff = tuple(i for i, x in enumerate(self._leaves)

@@ -39,7 +39,8 @@ def residual_report_summary(report: ResidualReport) -> list[str]:
       f"({report.recompute_percent:.1f}% of a no-remat step)",
   ]
   if report.per_device_activation_bytes is not None:
-    lines.append(f"per device ({report.devices} devices): "
+    how = f"; {report.per_device_method}" if report.per_device_method else ""
+    lines.append(f"per device ({report.devices} devices{how}): "
                  f"{fmt.format_bytes(report.per_device_activation_bytes)} "
                  "activations")
   if report.xla:
@@ -146,6 +147,10 @@ def _(comparison: Comparison) -> str:
         "policy keeps that not every policy keeps; * = Pareto-optimal (no "
         "policy is as good on device bytes, recompute and offload, and "
         "better on one)")
+  sharded = [r for r in comparison.reports.values() if r.devices > 1]
+  if sharded:
+    lines.append(f"per device = what one of {sharded[0].devices} devices "
+                 f"holds ({sharded[0].per_device_method})")
   for name, why in comparison.skipped.items():
     lines.append(f"skipped {name}: {why}")
   if comparison.silent_policies():

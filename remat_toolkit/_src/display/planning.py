@@ -19,10 +19,15 @@ from remat_toolkit._src.plan_result import Plan
 def plan_summary_lines(plan: Plan) -> list[str]:
   """A plan's headline: budget and what it bounds, numbers, proof, choices."""
   fb, ff = fmt.format_bytes, fmt.format_flops
+  where = "on device"
+  if plan.per_device:
+    where = (f"per device ({plan.devices} devices, {plan.per_device_method}; "
+             f"{fb(plan.activation_bytes)} on all together)")
   lines = [
-      f"{plan.policy.name}: budget {fb(plan.budget)} ({plan.bounds})"
+      f"{plan.policy.name}: budget {fb(plan.budget)} ({plan.bounds}"
+      + (" per device" if plan.per_device else "") + ")"
       + (f", group size {plan.group}" if plan.group is not None else ""),
-      f"  keeps {fb(plan.activation_bytes)} on device"
+      f"  keeps {fb(plan.kept_bytes)} {where}"
       + (f", offloads {fb(plan.offloaded_bytes)} to host"
          if plan.offloaded_bytes else "")
       + f"; recomputes {ff(plan.recompute_flops)} "
@@ -88,7 +93,8 @@ def _plan_named_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
            fmt.format_bytes(f.offloaded_bytes) if f.offloaded_bytes else "-",
            f"{f.recompute_percent:.1f}%", "yes" if f.fits else "no"]
           for f in rows]
-  return ["named policy", "activations", "offloaded", "recompute", "fits"], body
+  kept = "per device" if plan.per_device else "activations"
+  return ["named policy", kept, "offloaded", "recompute", "fits"], body
 
 
 def _plan_group_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
