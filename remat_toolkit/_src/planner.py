@@ -38,12 +38,15 @@ host link twice (out in the forward pass, back in the backward pass), and
 FLOP/s. Transfers that overlap with compute cost less in practice, so this
 errs towards recomputing.
 
-This module measures; the search itself works on numbers alone
-(:mod:`~remat_toolkit._src.plan_search`), the result is data
+This module plans; what a choice of names means and how it is measured is
+in :mod:`~remat_toolkit._src.plan_choices`, the search itself works on
+numbers alone (:mod:`~remat_toolkit._src.plan_search`), the result is data
 (:mod:`~remat_toolkit._src.plan_result`, rendered by
-:mod:`~remat_toolkit._src.display`), layouts of several group sizes are
-weighed in :mod:`~remat_toolkit._src.plan_groups` and the frontier is drawn
-from plans in :mod:`~remat_toolkit._src.frontier`.
+:mod:`~remat_toolkit._src.display`), per-region plans are made in
+:mod:`~remat_toolkit._src.region_planner`, per-device figures in
+:mod:`~remat_toolkit._src.plan_per_device`, layouts of several group sizes
+are weighed in :mod:`~remat_toolkit._src.plan_groups` and the frontier is
+drawn from plans in :mod:`~remat_toolkit._src.frontier`.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -63,8 +66,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -77,12 +78,21 @@ from remat_toolkit._src.findings import region_warnings
 from remat_toolkit._src.findings import warn_once
 from remat_toolkit._src.format import format_bytes
 from remat_toolkit._src.format import parse_bytes
+from remat_toolkit._src.plan_choices import MODES
+from remat_toolkit._src.plan_choices import OFFLOAD_MODES
+from remat_toolkit._src.plan_choices import OFFLOADING
+from remat_toolkit._src.plan_choices import Evaluator
+from remat_toolkit._src.plan_choices import choice_label
+from remat_toolkit._src.plan_choices import choice_policy
+from remat_toolkit._src.plan_choices import decisions
+from remat_toolkit._src.plan_choices import describe
+from remat_toolkit._src.plan_choices import describe_choice
+from remat_toolkit._src.plan_choices import model_id
 from remat_toolkit._src.plan_groups import DEFAULT_GROUP_SIZES
 from remat_toolkit._src.plan_groups import GroupsLike
 from remat_toolkit._src.plan_groups import layouts
 from remat_toolkit._src.plan_groups import plan_groups
 from remat_toolkit._src.plan_per_device import check_per_device
-from remat_toolkit._src.plan_per_device import device_figures
 from remat_toolkit._src.plan_result import ESTIMATED_PEAK
 from remat_toolkit._src.plan_result import KEPT_ACTIVATIONS
 from remat_toolkit._src.plan_result import GroupEstimate
@@ -126,105 +136,6 @@ _NO_NAMES = (
     "alternatives (save-everything, save-matmuls, save-matmuls-no-batch); tag "
     "the tensors worth keeping with remat_toolkit.tag(x, name) to let it keep "
     "some and recompute the rest.")
-
-# Whole alternatives: policies JAX cannot combine with checkpoint names.
-_MODES: dict[str, dict[str, Any]] = {
-    "save-everything": {"save_everything": True},
-    "save-matmuls": {"matmuls": "all"},
-    "save-matmuls-no-batch": {"matmuls": "no-batch"},
-    "offload-matmuls-no-batch": {"matmuls": "offload-no-batch"},
-}
-_OFFLOAD_MODES = frozenset({"offload-matmuls-no-batch"})
-
-_GLOB_ESCAPES = {"*": "[*]", "?": "[?]", "[": "[[]"}
-
-
-# ==================================================================== choices
-
-def _choice_policy(choice: Choice, name: str, description: str = "") -> Policy:
-  """The :class:`Policy` that does what ``choice`` says."""
-  if choice.mode:
-    return Policy(name=name, description=description, **_MODES[choice.mode])
-  return Policy(name=name, description=description,
-                save=tuple(_literal(n) for n in sorted(choice.save)),
-                offload=tuple(_literal(n) for n in sorted(choice.offload)))
-
-
-def _literal(name: str) -> str:
-  # A checkpoint name is matched as a glob pattern if it has * ? or [;
-  # escape them so the plan selects exactly that name.
-  return "".join(_GLOB_ESCAPES.get(c, c) for c in name)
-
-
-# What allow_offload=True would run: asked of the same decision as every
-# offloading policy, so the planner refuses exactly when they cannot run.
-_OFFLOADING = _choice_policy(Choice(mode="offload-matmuls-no-batch"),
-                             "allow_offload")
-
-
-def _model_id(fn: Callable[..., Any], program: TracedProgram) -> str:
-  """A short digest of what was planned for: the function and its inputs.
-
-  Plan names carry it, so plans for two models never share a name when
-  both are loaded into one catalogue.
-  """
-  name = getattr(fn, "__qualname__", None) or type(fn).__name__
-  inputs = [f"{x.dtype}{list(x.shape)}" for x in program._leaves]
-  text = json.dumps([name, inputs, sorted(program.names), program.regions])
-  return hashlib.sha1(text.encode()).hexdigest()[:6]
-
-
-class _Evaluator:
-  """Real measurements of choices on one traced program, cached."""
-
-  def __init__(self, program: TracedProgram, transfer_flops_per_byte: float,
-               per_device: bool = False):
-    self.program = program
-    self.transfer = transfer_flops_per_byte
-    self.per_device = per_device
-    self.evaluations = 0
-    self.limit: int | None = None
-    self._cache: dict[Choice, Outcome] = {}
-    self._policies: dict[Policy, Outcome] = {}
-
-  def __call__(self, choice: Choice) -> Outcome:
-    found = self._cache.get(choice)
-    if found is not None:
-      return found
-    if self.limit is not None and self.evaluations >= self.limit:
-      raise OutOfEvaluations
-    self.evaluations += 1
-    report = self.program.report(_choice_policy(choice, "plan-candidate"))
-    self._cache[choice] = outcome = self._outcome(choice, report)
-    return outcome
-
-  def jax_policy(self, policy: Policy) -> Outcome:
-    """A wrapped JAX policy, measured as given; no choice of names is it, so
-    it is not a candidate of the search."""
-    return self.policy(policy)
-
-  def policy(self, policy: Policy) -> Outcome:
-    """Any policy measured as given (a per-region one too), cached; it is
-    not a candidate of the uniform search."""
-    found = self._policies.get(policy)
-    if found is None:
-      self.evaluations += 1
-      found = self._policies[policy] = self._outcome(
-          None, self.program.report(policy))
-    return found
-
-  def _outcome(self, choice: Choice | None, report: ResidualReport) -> Outcome:
-    device, by_name = device_figures(report, self.per_device)
-    return Outcome(
-        choice=choice, device_bytes=device,
-        host_bytes=report.offloaded_bytes,
-        recompute_flops=report.recompute_flops,
-        cost=report.recompute_flops + 2 * report.offloaded_bytes * self.transfer,
-        device_by_name=by_name, report=report)
-
-  def outcomes(self) -> list[Outcome]:
-    return list(self._cache.values())
-
 
 # ==================================================================== planner
 
@@ -284,13 +195,13 @@ class Planner:
     self.allow_offload = allow_offload
     self.host_bandwidth = float(host_bandwidth)
     self.device_flops = float(device_flops)
-    self._evaluate = _Evaluator(program, self.device_flops / self.host_bandwidth,
+    self._evaluate = Evaluator(program, self.device_flops / self.host_bandwidth,
                                 per_device)
     self.names: tuple[str, ...] = tuple(sorted(program.names))
-    self.model_id = _model_id(fn, program)
+    self.model_id = model_id(fn, program)
     self._named = self._catalogue()
-    self._whole = {m: self._evaluate(Choice(mode=m)) for m in _MODES
-                   if allow_offload or m not in _OFFLOAD_MODES}
+    self._whole = {m: self._evaluate(Choice(mode=m)) for m in MODES
+                   if allow_offload or m not in OFFLOAD_MODES}
     self._boundary = self._evaluate(Choice())
     self._every_name = self._evaluate(Choice(save=frozenset(self.names)))
     # What recomputing a region can materialise again: the most any measured
@@ -370,11 +281,11 @@ class Planner:
     if best is None:
       raise self._infeasible(limit, complete, peak)
     choice = best.choice
-    policy = _choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
-                            _describe(choice, limit, best, peak, self.per_device))
+    policy = choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
+                            describe(choice, limit, best, peak, self.per_device))
     return Plan(
         policy=policy, budget=limit, cost=best.cost,
-        decisions=_decisions(choice, self.names),
+        decisions=decisions(choice, self.names),
         named=self._named_fits(limits), report=best.report,
         optimal=complete, evaluations=self.evaluations,
         smallest_bytes=self._smallest().device_bytes,
@@ -392,8 +303,8 @@ class Planner:
 
   def _choice_policy_for(self, choice: Choice) -> Policy:
     """The policy doing what ``choice`` says, named for this model."""
-    return _choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
-                          _describe_choice(choice))
+    return choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
+                          describe_choice(choice))
 
   def measure(self, policy: resolve.PolicyLike) -> ResidualReport:
     """The analyzer's report of one policy (what ``policy=`` accepts).
@@ -499,7 +410,7 @@ class Planner:
   def _infeasible(self, budget: int, complete: bool, peak: bool, *,
                   per_layer: bool = False) -> ValueError:
     small = self._smallest()
-    label = small.choice.mode or _choice_label(small.choice) or "boundary-only"
+    label = small.choice.mode or choice_label(small.choice) or "boundary-only"
     if per_layer:
       regions = self.region_planner
       least = regions.predicted(regions.smallest())[0]
@@ -530,56 +441,16 @@ def _region_executions(program: TracedProgram, everything: Outcome) -> int:
   return max(program.regions * stacked, 1)
 
 
-def _decisions(choice: Choice, names: Sequence[str]) -> dict[str, str]:
-  if choice.mode:
-    return {}
-  return {n: "save" if n in choice.save else
-          "offload" if n in choice.offload else "recompute" for n in names}
-
-
-def _describe_choice(choice: Choice) -> str:
-  if choice.mode:
-    return f"the whole-region alternative {choice.mode}"
-  return (_choice_label(choice) or "keep only the region inputs") + (
-      "; recompute the rest")
-
-
 def _check_flag(label: str, value: Any) -> None:
   if not isinstance(value, bool):
     raise TypeError(f"{label} must be True or False, got {value!r}.")
-
-
-def _describe(choice: Choice, budget: int, o: Outcome, peak: bool,
-              per_device: bool = False) -> str:
-  if choice.mode:
-    what = f"the whole-model alternative {choice.mode}"
-  elif choice.save or choice.offload:
-    what = "keeps " + (", ".join(sorted(choice.save)) or "no tagged tensor")
-    if choice.offload:
-      what += "; offloads " + ", ".join(sorted(choice.offload))
-  else:
-    what = "keeps only region inputs"
-  bound = "an estimated peak" if peak else "kept activations"
-  bound += " per device" if per_device else ""
-  return (f"Planned by remat_toolkit.plan for {bound} of at most "
-          f"{format_bytes(budget)}: {what}; recomputes the rest "
-          f"({o.report.recompute_percent:.1f}% of a no-remat step).")
-
-
-def _choice_label(choice: Choice) -> str:
-  parts = []
-  if choice.save:
-    parts.append("save " + ", ".join(sorted(choice.save)))
-  if choice.offload:
-    parts.append("offload " + ", ".join(sorted(choice.offload)))
-  return "; ".join(parts)
 
 
 def _check_rates(allow_offload: Any, host_bandwidth: Any,
                  device_flops: Any) -> None:
   if not isinstance(allow_offload, bool):
     raise TypeError(f"allow_offload must be True or False, got {allow_offload!r}.")
-  if allow_offload and unrunnable_reason(_OFFLOADING) is not None:
+  if allow_offload and unrunnable_reason(OFFLOADING) is not None:
     raise ValueError(
         f"allow_offload=True cannot be planned: {compat.offloading_refusal()}; "
         "or plan without offloading.")
