@@ -231,7 +231,9 @@ def test_linen_dropout_keys_differ_per_layer_and_recompute_alike():
 
   # Same runs, nothing recomputed: the recomputed masks are the forward's.
   planned = run(mixed())
-  assert_trees_close(planned, run(["save-everything"] + [keep_all] * 3))
+  with pytest.warns(UserWarning, match="keeps every intermediate"):
+    keeping = run(["save-everything"] + [keep_all] * 3)
+  assert_trees_close(planned, keeping)
   deterministic = jax.jit(Stack(policy=mixed()).apply)({"params": params},
                                                       x).sum()
   assert not np.isclose(planned[0], deterministic)
@@ -337,6 +339,13 @@ def test_nnx_runs_match_the_single_scan(request, group, deterministic):
   # Batch statistics, rng counts and dropout masks (stacked per layer) are
   # the single scan's.
   assert_trees_close(planned, single)
+
+
+def test_a_run_keeping_everything_warns_that_it_keeps_its_variables():
+  with pytest.warns(UserWarning, match=r"layers 1\.\.3 \(policy "
+                    r"save-everything\) keeps every intermediate.*a copy of"):
+    rt.scan_layers(Layer, NUM_LAYERS,
+                   policy=["boundary-only"] + ["save-everything"] * 3)
 
 
 # ---------------------------------------------------------------- bad input

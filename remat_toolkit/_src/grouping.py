@@ -317,7 +317,9 @@ def scan_layers(block_cls: type, length: int, *,
   tree and leading axis, so a checkpoint saved under one plan loads under
   another); each region reads its layers' variables from the stack by index
   inside its remat region, so the runs keep what the same regions keep
-  unrolled plus that index (an int32, 4 bytes per region). Collections the
+  unrolled plus that index (an int32, 4 bytes per region); a run under
+  ``save-everything`` keeps the variables it read as well, and warns
+  (``save-matmuls`` recomputes no matmul either). Collections the
   call changes (``mutable=[...]``: batch statistics, ``sow``) are updated
   as the single scan updates them; dropout keys are split per run, so they
   differ from the single scan's but still differ per layer.

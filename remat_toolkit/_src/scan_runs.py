@@ -16,8 +16,9 @@ backward pass recomputes that read instead of keeping a copy of the
 layers' variables. What each scan keeps is therefore what the same regions
 keep in the unrolled model, plus the layer index of each region (an int32,
 4 bytes per region). A policy that keeps every intermediate
-(``save-everything``) keeps the read variables too; ``save-matmuls``
-recomputes no matmul either and keeps only their outputs.
+(``save-everything``) keeps the read variables too, and says so when the
+stack is built; ``save-matmuls`` recomputes no matmul either and keeps only
+their outputs.
 
 Collections the call changes (batch statistics, ``sow``, NNX rng counts)
 are sliced per run, scanned like the single scan's, and written back: the
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -118,7 +120,22 @@ def planned_runs(policy: Any, length: int, size: int, where: str
     if i == regions or policies[i] != policies[start]:
       runs.append(Run(start, i, policies[start]))
       start = i
+  if len(runs) > 1:
+    _warn_if_keeping_variables(runs, size, where)
   return tuple(runs)
+
+
+def _warn_if_keeping_variables(runs: Sequence[Run], size: int,
+                               where: str) -> None:
+  """A run that keeps every intermediate keeps the variables it read too."""
+  for run in runs:
+    if run.policy is not None and run.policy.save_everything:
+      warnings.warn(
+          f"{_where(where, run, size)} keeps every intermediate, and in a "
+          "run of a scanned stack that includes the layers' variables read "
+          "from the stack: a copy of those layers' parameters is kept for "
+          "the backward pass. save-matmuls recomputes no matmul either and "
+          "keeps only their outputs.", UserWarning, stacklevel=4)
 
 
 def _region_policies(policy: Any, where: str) -> list[Policy | None] | None:
