@@ -319,7 +319,9 @@ def scan_layers(block_cls: type, length: int, *,
   inside its remat region, so the runs keep what the same regions keep
   unrolled plus that index (an int32, 4 bytes per region); a run under
   ``save-everything`` keeps the variables it read as well, and warns
-  (``save-matmuls`` recomputes no matmul either). Collections the
+  (``save-matmuls`` recomputes no matmul either). The stack's gradient is
+  summed over the runs, each run's the size of the stack, and XLA may hold
+  one per run until the sum: fewer runs, less memory. Collections the
   call changes (``mutable=[...]``: batch statistics, ``sow``) are updated
   as the single scan updates them; dropout keys are split per run, so they
   differ from the single scan's but still differ per layer.
