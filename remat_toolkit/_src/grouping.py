@@ -15,7 +15,9 @@ stack drop to O(sqrt(L)) for about one extra forward pass (Chen et al. 2016).
   dropout keys split per layer; ``group > 1`` nests two scans.
 
 Every region reads its policy at trace time (``policy=None``: the ambient
-one, see :func:`remat_toolkit.use_policy`).
+one, see :func:`remat_toolkit.use_policy`). The scans also take one policy
+per region (a per-layer plan): consecutive regions of equal policy become
+one scan each (:mod:`~remat_toolkit._src.scan_runs`).
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -37,6 +39,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
+from remat_toolkit._src import scan_runs
 from remat_toolkit._src import transform
 from remat_toolkit._src.resolve import PolicyLike
 
@@ -291,7 +294,8 @@ def _linen_scan(target: type, length: int) -> type:
                  in_axes=nn.broadcast, length=length)
 
 
-def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
+def scan_layers(block_cls: type, length: int, *,
+                policy: PolicyLike | Sequence[PolicyLike] = None,
                 group: GroupLike = 1, remat: bool = True) -> type:
   """A module class applying ``length`` blocks with ``scan``, each rematted.
 
@@ -304,14 +308,40 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
   ``(length // group, group)``. An NNX ``block_cls`` is handed to
   :func:`nnx_scan_layers`.
 
+  Regions inside one scan share one body, so a scan takes one policy. Given
+  one policy per region (a per-layer plan, made on the unrolled model with
+  ``rt.plan(..., per_layer=True)``), the stack runs as consecutive scans,
+  one per run of regions with equal policy, each region with its run's
+  policy; when every region has the same policy it is the single scan
+  above. The variables are the single scan's whatever the plan (the same
+  tree and leading axis, so a checkpoint saved under one plan loads under
+  another); each region reads its layers' variables from the stack by index
+  inside its remat region, so the runs keep what the same regions keep
+  unrolled plus that index (an int32, 4 bytes per region); a run under
+  ``save-everything`` keeps the variables it read as well, and warns
+  (``save-matmuls`` recomputes no matmul either). The stack's gradient is
+  summed over the runs, each run's the size of the stack, and XLA may hold
+  one per run until the sum: fewer runs, less memory. Collections the
+  call changes (``mutable=[...]``: batch statistics, ``sow``) are updated
+  as the single scan updates them; dropout keys are split per run, so they
+  differ from the single scan's but still differ per layer.
+
   Args:
     block_cls: a linen Module class whose ``__call__(x, *args)`` returns a
       value shaped like ``x``; a plain class, not one already transformed.
     length: number of blocks.
-    policy: a policy name, :class:`remat_toolkit.Policy`, raw JAX policy, or
-      None for the ambient policy.
+    policy: one policy for every region: a policy name,
+      :class:`remat_toolkit.Policy`, raw JAX policy, or None for the
+      ambient policy, read at trace time. Or one policy per remat region,
+      in layer order: a plan from ``rt.plan(..., per_layer=True)``, a
+      per-region :class:`remat_toolkit.Policy` (its regions in order; keys
+      must not be globs), a catalogue name of one (such as a registered
+      plan, looked up when the class is built), or a list of
+      ``length // group`` policies (each a name, Policy, plan, raw JAX
+      policy, or None for the ambient one).
     group: blocks per remat region, or ``"sqrt"`` (a divisor of ``length``).
-    remat: False gives the plain scan (the no-remat baseline).
+    remat: False gives the plain scan (the no-remat baseline); a per-region
+      policy is then checked and unused.
 
   Returns:
     A linen Module class taking ``block_cls``'s constructor arguments, whose
@@ -319,9 +349,11 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
     are passed, unchanged, to every block.
 
   Raises:
-    ValueError: for a bad ``length`` or ``group``, or a ``group`` that does
-      not divide ``length``.
-    TypeError: if ``block_cls`` is not a linen or NNX Module class.
+    ValueError: for a bad ``length`` or ``group``, a ``group`` that does
+      not divide ``length``, an unknown policy name, or a per-region policy
+      that does not give exactly ``length // group`` policies in order.
+    TypeError: if ``block_cls`` is not a linen or NNX Module class, or a
+      policy is not one.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -337,6 +369,16 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
     >>> params = Stack(width=3).init(jax.random.key(0), x)
     >>> params["params"]["Dense_0"]["kernel"].shape
     (4, 3, 3)
+
+    One policy per layer: two scans, over the same parameters.
+
+    >>> Planned = rt.scan_layers(
+    ...     Block, 4, policy=["boundary-only"] * 3 + ["save-ffn"])
+    >>> apply = lambda p: Planned(width=3).apply(p, x)
+    >>> sum(e.primitive.name == "scan" for e in jax.make_jaxpr(apply)(params).eqns)
+    2
+    >>> bool(jnp.allclose(apply(params), Stack(width=3).apply(params, x)))
+    True
   """
   from flax import linen as nn
 
@@ -347,9 +389,15 @@ def scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
     raise TypeError(
         f"scan_layers takes a linen or NNX Module class, got {block_cls!r}; "
         "pass the class itself (Block), not an instance (Block(...)).")
-  transform.validate_policy(policy, f"scan_layers({block_cls.__name__})")
+  where = f"scan_layers({block_cls.__name__})"
   length = _check_length(length)
   size = group_size(group, length, exact=True)
+  runs = scan_runs.planned_runs(policy, length, size, where)
+  if runs is not None:
+    if remat and len(runs) > 1:
+      return scan_runs.linen_stack(block_cls, length, size, runs, where)
+    policy = runs[0].policy  # one policy for every region: the single scan
+  transform.validate_policy(policy, where)
   region = _carry_step(block_cls)
   if size > 1:
     region = _linen_scan(region, size)
@@ -411,9 +459,12 @@ class _NNXScanSpec:
   size: int
   policy: Any
   remat: bool
+  # Consecutive scans of equal policy (a per-region plan); None: one scan.
+  runs: tuple[scan_runs.Run, ...] | None = None
 
 
-def nnx_scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
+def nnx_scan_layers(block_cls: type, length: int, *,
+                    policy: PolicyLike | Sequence[PolicyLike] = None,
                     group: GroupLike = 1, remat: bool = True) -> type:
   """The NNX counterpart of :func:`scan_layers`.
 
@@ -424,13 +475,25 @@ def nnx_scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
   leading shape ``(length // group, group)`` and an outer scan over remat
   regions runs an inner scan over ``group`` blocks.
 
+  One policy per region (a per-layer plan) runs the stack as consecutive
+  scans of equal policy, as :func:`scan_layers` describes, over the same
+  stacked state. Each region reads its ``nnx.Param`` variables from the
+  stack by index inside its remat region (they are read, not written);
+  the rest of the state (rng streams, batch statistics) is sliced per run
+  and written back, so dropout masks, rng counts and statistics are the
+  single scan's.
+
   Args:
     block_cls: an NNX Module class, constructed as
       ``block_cls(*args, rngs=rngs, **kwargs)``; its ``__call__(x, *args)``
       returns a value shaped like ``x``.
     length: number of blocks.
-    policy: a policy name, :class:`remat_toolkit.Policy`, raw JAX policy, or
-      None for the ambient policy.
+    policy: one policy for every region (a policy name,
+      :class:`remat_toolkit.Policy`, raw JAX policy, or None for the
+      ambient policy), or one per remat region, in layer order (a
+      per-layer plan, a per-region Policy, a catalogue name of one, looked
+      up when the class is built, or a list of ``length // group``
+      policies), as for :func:`scan_layers`.
     group: blocks per remat region, or ``"sqrt"`` (a divisor of ``length``).
     remat: False gives the plain scan (the no-remat baseline).
 
@@ -439,8 +502,11 @@ def nnx_scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
     blocks (attribute ``blocks``), ``stack(x, *call_args)`` applies them.
 
   Raises:
-    ValueError: for a bad ``length`` or ``group``.
-    TypeError: if ``block_cls`` is not an NNX Module class.
+    ValueError: for a bad ``length`` or ``group``, an unknown policy name,
+      or a per-region policy that does not give exactly ``length // group``
+      policies in order.
+    TypeError: if ``block_cls`` is not an NNX Module class, or a policy is
+      not one.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -456,17 +522,27 @@ def nnx_scan_layers(block_cls: type, length: int, *, policy: PolicyLike = None,
     (4, 3, 3)
     >>> stack(jnp.ones((2, 3))).shape
     (2, 3)
+    >>> planned = rt.nnx_scan_layers(
+    ...     Block, 4, policy=["boundary-only"] * 2 + ["save-ffn"] * 2)(
+    ...         3, rngs=nnx.Rngs(0))
+    >>> planned.blocks.fc.kernel.shape, planned(jnp.ones((2, 3))).shape
+    ((4, 3, 3), (2, 3))
   """
   if not _is_nnx_class(block_cls):
     raise TypeError(
         f"nnx_scan_layers takes an NNX Module class, got {block_cls!r}; "
         "for linen modules use scan_layers.")
-  # An unknown name fails now, not at trace time.
-  transform.validate_policy(policy, f"nnx_scan_layers({block_cls.__name__})")
+  where = f"nnx_scan_layers({block_cls.__name__})"
   length = _check_length(length)
   size = group_size(group, length, exact=True)
+  runs = scan_runs.planned_runs(policy, length, size, where)
+  if runs is not None:
+    policy = runs[0].policy
+    runs = runs if remat and len(runs) > 1 else None
+  # An unknown name fails now, not at trace time.
+  transform.validate_policy(policy, where)
   spec = _NNXScanSpec(block_cls=block_cls, length=length, size=size,
-                      policy=policy, remat=bool(remat))
+                      policy=policy, remat=bool(remat), runs=runs)
   return _make_nnx_stack_class(spec)
 
 
@@ -477,7 +553,10 @@ def _make_nnx_stack_class(spec: _NNXScanSpec) -> type:
            else (spec.length // spec.size, spec.size))
 
   class ScannedLayers(nnx.Module):
-    __doc__ = _layout_doc(spec.block_cls, spec.length, spec.size, spec.remat)
+    __doc__ = (scan_runs.layout_doc(spec.block_cls.__name__, spec.length,
+                                    spec.size, spec.runs) if spec.runs
+               else _layout_doc(spec.block_cls, spec.length, spec.size,
+                                spec.remat))
 
     def __init__(self, *args: Any, rngs: Any, **kwargs: Any):
       self.blocks = _stacked(
@@ -501,6 +580,10 @@ def _nnx_scan_call(spec: _NNXScanSpec, blocks: Any, x: Any,
   else:
     def region(group_blocks, carry):
       return _nnx_scan_apply(one_block, group_blocks, carry)
+  if spec.runs:
+    return scan_runs.nnx_call(
+        blocks, x, spec.runs, region,
+        f"nnx_scan_layers({spec.block_cls.__name__})", spec.size)
   if spec.remat:
     region = transform.remat_region(
         region, policy=spec.policy, prevent_cse=False,

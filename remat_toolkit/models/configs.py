@@ -63,7 +63,10 @@ class GPTConfig:
     remat: put the blocks in remat regions; False is the no-remat baseline.
     remat_group: blocks per remat region (``"sqrt"`` for about sqrt(L)).
     remat_policy: the regions' policy name; None reads the ambient policy
-      (``rt.use_policy``) at trace time.
+      (``rt.use_policy``) at trace time. With ``scan_layers`` it may name a
+      per-region policy (a registered per-layer plan of the unrolled model):
+      the stack then runs as consecutive scans of equal policy (see
+      :func:`remat_toolkit.scan_layers`).
     norm_eps: epsilon of the normalisation layers.
   """
 
