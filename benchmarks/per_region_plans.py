@@ -103,10 +103,11 @@ def _rows(config: str) -> list[dict[str, Any]]:
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
-  body = [[r["between"], format_bytes(r["budget"]),
+  body = [[r["between"], format_bytes(r["budget"], digits=2),
            f"{r['best_named']} {r['best_named_percent']:.1f}%",
            f"{r['uniform_percent']:.1f}%", f"{r['per_region_percent']:.1f}%",
-           format_bytes(r["per_region_bytes"]), str(r["policies_mixed"]),
+           format_bytes(r["per_region_bytes"], digits=2),
+           str(r["policies_mixed"]),
            "yes" if r["proven"] else "no"] for r in rows]
   print(text_table(
       ["between named points", "budget", "best named that fits",

@@ -261,9 +261,19 @@ class RegionPlanner:
             zip(self._groups, mix.picks, strict=True)]
 
   def assignment(self, mix: Mix) -> list[tuple[str, Candidate]]:
-    """``(region key, candidate)`` of every region, in program order."""
-    picked = dict(zip((key for _, key in self._groups), self._picked(mix),
-                      strict=True))
+    """``(region key, candidate)`` of every region, in program order.
+
+    Regions of one kind are interchangeable, so the kind's picks are dealt
+    out in candidate order: equal policies sit next to each other, and a
+    scanned stack built from the plan runs as few scans as it can.
+    """
+    picked: dict[str, Candidate] = {}
+    start = 0
+    for kind in self.kinds:
+      picks = sorted(mix.picks[start:start + len(kind.keys)])
+      start += len(kind.keys)
+      for key, i in zip(kind.keys, picks, strict=True):
+        picked[key] = kind.candidates[i]
     return [(key, picked[key]) for key in self.program.region_keys]
 
   def best(self, device: float, host: float = math.inf) -> list[Mix]:

@@ -86,6 +86,16 @@ def _plan_region_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
           "recompute (each)"], body
 
 
+def _planned_policies(plan: Plan) -> list[tuple[str, str]]:
+  """The policies the planner made (not the catalogue's), and what each
+  keeps, so that their names in the table can be read."""
+  named = {f.name for f in plan.named}
+  made = {sub.name: sub for _, sub in plan.policy.regions
+          if sub.name not in named}
+  return [(name, sub.description or sub.keeps_summary())
+          for name, sub in made.items()]
+
+
 def _plan_named_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
   rows = sorted(plan.named, key=lambda f: (not f.fits, f.cost,
                                            f.activation_bytes))
@@ -122,6 +132,7 @@ def _(plan: Plan) -> str:
     out += ["", "per region (keeps: bytes beyond the region's inputs):",
             fmt.text_table(headers, body,
                            right=[False, True, False, True, True, True])]
+    out += [f"  {name}: {what}" for name, what in _planned_policies(plan)]
   if plan.groups:
     headers, body = _plan_group_rows(plan)
     out += ["", "group sizes (estimated peak = kept activations + one "
