@@ -104,6 +104,7 @@ class TracedProgram:
     self._region_names = _region_name_sets(self.jaxpr.jaxpr, self._markers)
     self._own_regions: list[tuple[str, str]] | None = None
     self._kinds: list[tuple[str, ...]] | None = None
+    self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, tuple[Any, int]] = {}
     self._baseline_flops: int | None = None
 
@@ -242,6 +243,15 @@ class TracedProgram:
     return [self._residual(o) for o in origins]
 
   def _residual(self, o: _residuals.ResidualOrigin) -> Residual:
+    if o.kind == "argument" and o.arg_index is not None:
+      # The same parameters are residuals under most policies: made once.
+      key = (o.arg_index, o.memory_kind)
+      if key not in self._arguments:
+        self._arguments[key] = self._make_residual(o)
+      return self._arguments[key]
+    return self._make_residual(o)
+
+  def _make_residual(self, o: _residuals.ResidualOrigin) -> Residual:
     label = ""
     path = o.module_path
     if o.kind == "argument":
