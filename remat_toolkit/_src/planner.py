@@ -195,15 +195,17 @@ class Planner:
     self.allow_offload = allow_offload
     self.host_bandwidth = float(host_bandwidth)
     self.device_flops = float(device_flops)
-    self._evaluate = Evaluator(program, self.device_flops / self.host_bandwidth,
-                                per_device)
+    # Measures choices and policies, cached; shared with per-region plans.
+    self.evaluate = Evaluator(program, self.device_flops / self.host_bandwidth,
+                              per_device)
     self.names: tuple[str, ...] = tuple(sorted(program.names))
     self.model_id = model_id(fn, program)
     self._named = self._catalogue()
-    self._whole = {m: self._evaluate(Choice(mode=m)) for m in MODES
+    self._whole = {m: self.evaluate(Choice(mode=m)) for m in MODES
                    if allow_offload or m not in OFFLOAD_MODES}
-    self._boundary = self._evaluate(Choice())
-    self._every_name = self._evaluate(Choice(save=frozenset(self.names)))
+    # boundary-only everywhere: what every other figure is compared with.
+    self.boundary = self.evaluate(Choice())
+    self._every_name = self.evaluate(Choice(save=frozenset(self.names)))
     # What recomputing a region can materialise again: the most any measured
     # policy keeps (under jax_remat3 save-everything still recomputes
     # unnamed values, so it is not always the largest).
@@ -217,12 +219,12 @@ class Planner:
   @property
   def evaluations(self) -> int:
     """Analyzer evaluations made so far."""
-    return self._evaluate.evaluations
+    return self.evaluate.evaluations
 
   @property
   def boundary_only_bytes(self) -> int:
     """Activations under ``boundary-only``."""
-    return self._boundary.device_bytes
+    return self.boundary.device_bytes
 
   @property
   def save_everything_bytes(self) -> int:
@@ -279,16 +281,16 @@ class Planner:
       return plan_per_region(self, limit, limits, bounds, host)
     best, complete = self._solve(limits, max_evaluations)
     if best is None:
-      raise self._infeasible(limit, complete, peak)
+      raise self.infeasible(limit, complete, peak)
     choice = best.choice
     policy = choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
                             describe(choice, limit, best, peak, self.per_device))
     return Plan(
         policy=policy, budget=limit, cost=best.cost,
         decisions=decisions(choice, self.names),
-        named=self._named_fits(limits), report=best.report,
+        named=self.named_fits(limits), report=best.report,
         optimal=complete, evaluations=self.evaluations,
-        smallest_bytes=self._smallest().device_bytes,
+        smallest_bytes=self.smallest().device_bytes,
         workspace_bytes=self.workspace_bytes(best.device_bytes),
         bounds=bounds, host_budget=host, host_bandwidth=self.host_bandwidth,
         device_flops=self.device_flops, warnings=self.warnings,
@@ -301,7 +303,7 @@ class Planner:
       self._regions = RegionPlanner(self)
     return self._regions
 
-  def _choice_policy_for(self, choice: Choice) -> Policy:
+  def choice_policy(self, choice: Choice) -> Policy:
     """The policy doing what ``choice`` says, named for this model."""
     return choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
                           describe_choice(choice))
@@ -321,8 +323,8 @@ class Planner:
   # ------------------------------------------------------------ internals
   def _measure(self, policy: Policy) -> Outcome:
     if policy.is_jax_policy or policy.is_per_region:
-      return self._evaluate.policy(policy)
-    return self._evaluate(self._as_choice(policy))
+      return self.evaluate.policy(policy)
+    return self.evaluate(self.as_choice(policy))
 
   def _catalogue(self) -> dict[str, Outcome]:
     policies = [catalog.get_policy(n) for n in catalog.list_policies()]
@@ -335,7 +337,8 @@ class Planner:
     runnable, _ = resolve.split_runnable(policies)
     return {p.name: self._measure(p) for p in runnable}
 
-  def _as_choice(self, policy: Policy) -> Choice:
+  def as_choice(self, policy: Policy) -> Choice:
+    """The choice of names (or whole alternative) ``policy`` makes here."""
     if policy.save_everything:
       return Choice(mode="save-everything")
     modes = {"all": "save-matmuls", "no-batch": "save-matmuls-no-batch",
@@ -348,10 +351,10 @@ class Planner:
 
   def _additive_model(self) -> AdditiveModel:
     if self._model is None:
-      singles = {n: self._evaluate(Choice(save=frozenset({n})))
+      singles = {n: self.evaluate(Choice(save=frozenset({n})))
                  for n in self.names}
-      self._model = AdditiveModel(self._boundary, singles,
-                                   self._evaluate.transfer, self.allow_offload)
+      self._model = AdditiveModel(self.boundary, singles,
+                                   self.evaluate.transfer, self.allow_offload)
     return self._model
 
   def _solve(self, limits: Limits, max_evaluations: int
@@ -364,42 +367,44 @@ class Planner:
     bound then proves the result over real evaluations, or improves it, with
     at most ``max_evaluations`` analyzer evaluations for both stages.
     """
-    search = Search(self._evaluate, self.names, limits, self.allow_offload)
+    search = Search(self.evaluate, self.names, limits, self.allow_offload)
     # Whatever already fits (named policies, whole alternatives) competes.
-    for o in list(self._evaluate.outcomes()):
+    for o in list(self.evaluate.outcomes()):
       search.offer(o)
     if search.best is None or search.best.cost > self._least_cost():
       self._search(search, limits, max_evaluations)
     # else nothing recomputes less than what already fits: no search needed.
     best = search.best
     if best is not None and not best.choice.mode:
-      best = drop_useless(self._evaluate, best, limits)
+      best = drop_useless(self.evaluate, best, limits)
     return best, search.complete
 
   def _search(self, search: Search, limits: Limits,
               max_evaluations: int) -> None:
     model = self._additive_model()
-    self._evaluate.limit = self._evaluate.evaluations + max_evaluations
+    self.evaluate.limit = self.evaluate.evaluations + max_evaluations
     try:
       for predicted, choice in model.ranked(limits, _MODEL_CANDIDATES):
         if search.best is not None and predicted >= search.best.cost:
           break
-        search.offer(self._evaluate(choice))
+        search.offer(self.evaluate(choice))
       search.run()
     except OutOfEvaluations:
       search.complete = False
     finally:
-      self._evaluate.limit = None
+      self.evaluate.limit = None
 
   def _least_cost(self) -> float:
     # Keeping every name (or a whole alternative) recomputes the least.
     return min(o.cost for o in [self._every_name, *self._whole.values()])
 
-  def _smallest(self) -> Outcome:
-    return min(self._evaluate.outcomes(),
+  def smallest(self) -> Outcome:
+    """The measured outcome keeping the fewest device bytes."""
+    return min(self.evaluate.outcomes(),
                key=lambda o: (o.device_bytes, o.cost))
 
-  def _named_fits(self, limits: Limits) -> tuple[NamedFit, ...]:
+  def named_fits(self, limits: Limits) -> tuple[NamedFit, ...]:
+    """Every catalogue policy measured here, and whether it fits."""
     return tuple(NamedFit(name=n, activation_bytes=o.device_bytes,
                           offloaded_bytes=o.host_bytes,
                           recompute_flops=o.recompute_flops,
@@ -407,9 +412,10 @@ class Planner:
                           cost=o.cost, fits=limits.fit(o))
                  for n, o in self._named.items())
 
-  def _infeasible(self, budget: int, complete: bool, peak: bool, *,
-                  per_layer: bool = False) -> ValueError:
-    small = self._smallest()
+  def infeasible(self, budget: int, complete: bool, peak: bool, *,
+                 per_layer: bool = False) -> ValueError:
+    """The error for a budget nothing fits, saying the least that does."""
+    small = self.smallest()
     label = small.choice.mode or choice_label(small.choice) or "boundary-only"
     if per_layer:
       regions = self.region_planner

@@ -51,7 +51,6 @@ from remat_toolkit._src import resolve
 from remat_toolkit._src.format import format_bytes
 from remat_toolkit._src.knapsack import Mix
 from remat_toolkit._src.knapsack import Option
-from remat_toolkit._src.knapsack import cheapest
 from remat_toolkit._src.knapsack import pareto_mixes
 from remat_toolkit._src.plan_result import ESTIMATED_PEAK
 from remat_toolkit._src.plan_result import FIELD_PREFIXES
@@ -126,7 +125,7 @@ class RegionPlanner:
   def __init__(self, planner: Planner):
     self.planner = planner
     self.program = planner.program
-    self._base = planner._boundary
+    self._base = planner.boundary
     self._measured: dict[tuple, Outcome] = {}
     self._labels = self._catalogue_choices()
     self.kinds: list[_Kind] = []
@@ -148,19 +147,19 @@ class RegionPlanner:
           or (policy.offloads and not self.planner.allow_offload)
           or resolve.unrunnable_reason(policy) is not None):
         continue
-      labels.setdefault(self.planner._as_choice(policy), policy)
+      labels.setdefault(self.planner.as_choice(policy), policy)
     return labels
 
   def _kind_outcome(self, keys: tuple[str, ...], choice: Choice) -> Outcome:
     """``choice`` on every region of ``keys``, boundary-only elsewhere."""
     if len(keys) == len(self.program.region_keys):
-      return self.planner._evaluate(choice)  # the uniform measurement
+      return self.planner.evaluate(choice)  # the uniform measurement
     cache_key = (keys, choice)
     if cache_key not in self._measured:
-      policy = self.planner._choice_policy_for(choice)
+      policy = self.planner.choice_policy(choice)
       per_region = Policy(name="plan-candidate",
                           regions=[(k, policy) for k in keys])
-      self._measured[cache_key] = self.planner._evaluate.policy(per_region)
+      self._measured[cache_key] = self.planner.evaluate.policy(per_region)
     return self._measured[cache_key]
 
   def _measure_kind(self, keys: tuple[str, ...]) -> list[_Kind]:
@@ -204,7 +203,7 @@ class RegionPlanner:
     model = AdditiveModel(
         base, {next(iter(c.save)): self._kind_outcome(kind.keys, c)
                for c in singles},
-        self.planner._evaluate.transfer, self.planner.allow_offload)
+        self.planner.evaluate.transfer, self.planner.allow_offload)
     top = self._kind_outcome(kind.keys, Choice(save=frozenset(kind.names)))
     out = []
     for i in range(1, _MODEL_BUDGETS + 1):
@@ -225,14 +224,14 @@ class RegionPlanner:
     flops = o.recompute_flops - least.recompute_flops
     if device % n or host % n or flops % n:
       return None
-    transfer = 2 * (host // n) * self.planner._evaluate.transfer
+    transfer = 2 * (host // n) * self.planner.evaluate.transfer
     return Candidate(
         choice=choice, policy=self._policy(choice),
         option=Option(device // n, host // n, flops // n + transfer),
         recompute_flops=flops // n)
 
   def _policy(self, choice: Choice) -> Policy:
-    return self._labels.get(choice) or self.planner._choice_policy_for(choice)
+    return self._labels.get(choice) or self.planner.choice_policy(choice)
 
   # ------------------------------------------------------------ solving
   @property
@@ -290,21 +289,6 @@ class RegionPlanner:
     """The mix keeping the fewest device bytes."""
     return min(self.mixes, key=lambda m: (m.device, m.cost))
 
-  def cheapest(self, device: float, host: float = math.inf) -> Mix | None:
-    """The cheapest mix predicted to fit."""
-    base = self._base
-    return cheapest(self.mixes, device=device - base.device_bytes,
-                    host=host - base.host_bytes)
-
-  def describe(self) -> str:
-    """How many regions of how many kinds, with how many candidates."""
-    regions = sum(len(k.keys) for k in self.kinds)
-    sizes = ", ".join(str(len(k.candidates)) for k in self.kinds)
-    return (f"{regions} regions of {len(self.kinds)} kind(s), "
-            f"{sizes} candidate(s) each; budgets below "
-            f"{format_bytes(self._base.device_bytes + self.smallest().device)}"
-            " fit no mix")
-
 
 def _every_choice(names: Sequence[str], allow_offload: bool) -> list[Choice]:
   options = ("save", "recompute", "offload") if allow_offload else (
@@ -358,7 +342,7 @@ def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,
   regions = planner.region_planner
   measured: list[tuple[Outcome, Mix, bool]] = []
   for mix in regions.best(limits.device, limits.host):
-    outcome = planner._evaluate.policy(
+    outcome = planner.evaluate.policy(
         region_policy(planner, regions.assignment(mix)))
     exact = regions.predicted(mix)[:3] == (
         outcome.device_bytes, outcome.host_bytes, outcome.recompute_flops)
@@ -367,16 +351,16 @@ def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,
       if exact:
         break  # measured as predicted: the cheapest mix, proven
   if not measured:
-    raise planner._infeasible(limit, True, bounds == ESTIMATED_PEAK,
+    raise planner.infeasible(limit, True, bounds == ESTIMATED_PEAK,
                               per_layer=True)
   outcome, mix, exact = min(measured, key=lambda m: m[0].key())
   assignment = regions.assignment(mix)
   return Plan(
       policy=region_policy(planner, assignment, limit, outcome, bounds),
       budget=limit, cost=outcome.cost, decisions={},
-      named=planner._named_fits(limits), report=outcome.report,
+      named=planner.named_fits(limits), report=outcome.report,
       optimal=exact, evaluations=planner.evaluations,
-      smallest_bytes=min(planner._smallest().device_bytes,
+      smallest_bytes=min(planner.smallest().device_bytes,
                          regions.predicted(regions.smallest())[0]),
       workspace_bytes=planner.workspace_bytes(outcome.device_bytes),
       bounds=bounds, host_budget=host, host_bandwidth=planner.host_bandwidth,
