@@ -34,6 +34,7 @@ from remat_toolkit._src.planner import plan
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.rules import remat_modules
 from remat_toolkit._src.rules import remat_summary
+from remat_toolkit._src.scan_runs import restack
 from remat_toolkit._src.tags import tag
 from remat_toolkit._src.transform import remat
 from remat_toolkit._src.verify import verify
@@ -57,6 +58,7 @@ __all__ = [
     "remat_chain",
     "scan_layers",
     "nnx_scan_layers",
+    "restack",
     "name_nnx_modules",
     # inspecting them
     "analyze",

@@ -1,13 +1,15 @@
-"""A per-layer plan on a scanned stack: consecutive scans of equal policy.
+"""A per-layer plan on a scanned stack: one scan and one parameter stack per run.
 
 The plan is made on the unrolled built-in GPT (one region per block) and
-applied to the scanned one; the scanned program must keep and recompute what
-the plan says (the analyzer and JAX's own ``saved_residuals``), with the
-variables of the single scan and the gradients of the model without remat.
-Small stacks check the layout against the single scan value for value,
-mutable collections and dropout included. CI runs the file again with
-``JAX_REMAT3=1``; the plan itself is made once, with remat3 off (planning
-under remat3 traces every backward pass and takes tens of seconds).
+applied to the scanned one; the scanned program must keep and recompute
+exactly what the plan says (the analyzer and JAX's own ``saved_residuals``),
+with the single scan's variables split per run (``rt.restack``) and the
+gradients of the model without remat. Small stacks check the runs against
+the single scan value for value, mutable collections and dropout included,
+and that splitting a stack adds no stack-sized gradient buffer. CI runs the
+file again with ``JAX_REMAT3=1``; the plan itself is made once, with remat3
+off (planning under remat3 traces every backward pass and takes tens of
+seconds).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pytest
 from flax import nnx
 from shared_helpers import JAX_RELEASE
 from shared_helpers import assert_trees_close
+from shared_helpers import residuals
 
 import remat_toolkit as rt
 from remat_toolkit import models
@@ -34,8 +37,6 @@ pytestmark = pytest.mark.usefixtures("quick_compiles")
 
 NUM_LAYERS = 4
 WIDTH = 8
-# Each scan of a run reads its layers' variables by index: an int32 per region.
-INDEX_BYTES = 4
 # Between the uniform plans' points: a mix of three policies, none of them
 # save-everything (under which a scan keeps less than the unrolled stack).
 BUDGET = 120_000
@@ -87,6 +88,24 @@ def runs_of(policies: list[Any]) -> int:
   return sum(1 for i, p in enumerate(policies) if i == 0 or p != policies[i - 1])
 
 
+def restacked(variables, policy, path=("layers",)):
+  """``variables`` (collections, or one collection or State) with the stack
+  at ``path`` in the layout of ``policy``."""
+  def at(tree, keys):
+    if not keys:
+      return rt.restack(tree, policy)
+    out = {**tree, keys[0]: at(tree[keys[0]], keys[1:])}
+    if isinstance(tree, dict):
+      return out
+    # An nnx.State nests plain mappings (its getter wraps them in States).
+    return type(tree)({k: getattr(v, "raw_mapping", v) for k, v in out.items()})
+  return at(variables, tuple(path))
+
+
+def shapes(tree):
+  return jax.tree.map(lambda a: (a.shape, a.dtype), tree)
+
+
 # ---------------------------------------------------------------- the plan
 
 def test_the_plan_mixes_policies_along_the_stack():
@@ -105,9 +124,10 @@ def test_scanned_gpt_keeps_and_recomputes_what_the_plan_says(framework):
   fn, args = models.build_loss(gpt_config(plan.policy.name), scan=True,
                                framework=framework)
   report = quietly(rt.analyze, fn, *args)
-  kept = plan.activation_bytes + INDEX_BYTES * NUM_LAYERS
-  assert report.activation_bytes == kept
-  assert jax_activation_bytes(fn, *args) == kept
+  # Each run is an ordinary scan over its own variables: nothing but what
+  # the same regions keep unrolled.
+  assert report.activation_bytes == plan.activation_bytes
+  assert jax_activation_bytes(fn, *args) == plan.activation_bytes
   # Regions with their own policy are part of the analyzer's no-remat
   # baseline, so the recompute is read against the unrolled model's step.
   step = report.forward_flops + report.backward_flops
@@ -116,21 +136,28 @@ def test_scanned_gpt_keeps_and_recomputes_what_the_plan_says(framework):
 
 
 @pytest.mark.parametrize("framework", ["linen", "nnx"])
-def test_scanned_gpt_has_the_single_scans_variables_and_gradients(framework):
-  name = gpt_plan().register().name
+def test_scanned_gpt_has_the_single_scans_variables_per_run(framework):
+  plan = gpt_plan()
+  name = plan.register().name
+  # Where the stack sits in the parameters: linen's scanned module, or the
+  # NNX stack's ``blocks``.
+  path = ("layers",) if framework == "linen" else ("layers", "blocks")
 
   def build(policy, remat=True, abstract=True):
     return models.build_loss(gpt_config(policy), scan=True, remat=remat,
                              framework=framework, abstract=abstract, seq=8)
 
-  planned, (planned_params, _) = build(name)
-  plain, (plain_params, _) = build(None, remat=False)
-  _, (params, batch) = build(None, abstract=False)
-  tree = jax.tree.map(lambda a: (a.shape, a.dtype), params)
-  assert jax.tree.map(lambda a: (a.shape, a.dtype), planned_params) == tree
-  assert jax.tree.map(lambda a: (a.shape, a.dtype), plain_params) == tree
-  assert_trees_close(value_and_grad(planned, params, batch),
-                     value_and_grad(plain, params, batch))
+  planned, (planned_params, _) = build(name, abstract=False)
+  plain, (params, batch) = build(None, remat=False, abstract=False)
+  as_planned = restacked(params, plan, path)
+  assert sorted(functools.reduce(lambda t, k: t[k], path, planned_params)) == [
+      "run_0", "run_1", "run_2"]
+  # A seed gives the same model whatever the plan; its variables move back.
+  assert_trees_close(planned_params, as_planned)
+  assert_trees_close(restacked(planned_params, None, path), params)
+  value, grads = value_and_grad(plain, params, batch)
+  assert_trees_close(value_and_grad(planned, as_planned, batch),
+                     (value, restacked(grads, plan, path)))
 
 
 # ---------------------------------------------------------------- small stacks
@@ -189,38 +216,79 @@ def test_linen_runs_match_the_single_scan(block, group):
   x = x_input()
   variables = init(Stack(policy=None, group=group, block=block), x)
   planned = Stack(policy=mixed(group), group=group, block=block)
-  assert_trees_close(init(planned, x), variables)
+  planned_variables = init(planned, x)
+  regions = NUM_LAYERS // group
+  assert shapes(planned_variables["params"]["layers"]["run_1"]["fc"]) == {
+      "kernel": ((regions - 1,) + (group,) * (group > 1) + (WIDTH, WIDTH),
+                 jnp.float32),
+      "bias": ((regions - 1,) + (group,) * (group > 1) + (WIDTH,),
+               jnp.float32)}
+  assert_trees_close(planned_variables,
+                     restacked(variables, mixed(group), ("params", "layers")))
 
   def loss(model):
     return lambda p: model.apply({"params": p}, x).sum()
 
   params = variables["params"]
+  planned_params = planned_variables["params"]
   single = loss(Stack(group=group, block=block))
-  assert top_level_scans(loss(planned), params) == 2
-  assert_trees_close(value_and_grad(loss(planned), params),
-                     value_and_grad(single, params))
-  # The second run keeps its regions' ffn.up; the index read is all else.
-  extra = jax_activation_bytes(loss(planned), params) - jax_activation_bytes(
-      single, params)
-  ffn_up = (NUM_LAYERS - group) * x.nbytes
-  assert extra == ffn_up + INDEX_BYTES * (NUM_LAYERS // group)
+  assert top_level_scans(loss(planned), planned_params) == 2
+  value, grads = value_and_grad(single, params)
+  assert_trees_close(value_and_grad(loss(planned), planned_params),
+                     (value, restacked(grads, mixed(group))))
+  # The second run keeps its regions' ffn.up, and nothing else differs.
+  extra = jax_activation_bytes(loss(planned), planned_params) - (
+      jax_activation_bytes(single, params))
+  assert extra == (NUM_LAYERS - group) * x.nbytes
 
 
-def test_a_uniform_list_is_the_single_scan_program():
+def test_a_uniform_list_is_the_single_scan():
   x = x_input()
   params = init(Stack(), x)["params"]
+  uniform = Stack(policy=["save-ffn"] * NUM_LAYERS)
+  assert shapes(init(uniform, x)["params"]) == shapes(params)
 
   def program(policy):
     model = Stack(policy=policy)
     return str(jax.make_jaxpr(lambda p: model.apply({"params": p}, x))(params))
 
   assert program(["save-ffn"] * NUM_LAYERS) == program("save-ffn")
-  assert program(mixed()) != program("save-ffn")
+  assert rt.restack(params["layers"], ["save-ffn"] * NUM_LAYERS) is (
+      params["layers"])
+
+
+def test_restack_round_trips_between_layouts():
+  x = x_input()
+  single = init(Stack(), x)["params"]["layers"]
+  two = ["boundary-only"] + ["save-ffn"] * 3
+  three = ["save-ffn", "boundary-only", "boundary-only", "save-ffn"]
+  runs = rt.restack(single, two)
+  assert {k: v["fc"]["kernel"].shape[0] for k, v in runs.items()} == {
+      "run_0": 1, "run_1": 3}
+  other = rt.restack(runs, three)  # resumed under another plan
+  assert {k: v["fc"]["kernel"].shape[0] for k, v in other.items()} == {
+      "run_0": 1, "run_1": 2, "run_2": 1}
+  assert_trees_close(rt.restack(other, None), single)
+  assert_trees_close(rt.restack(other, "save-ffn"), single)
+  # An NNX stack's state keeps its type and loads into a model of the plan.
+  stack = rt.nnx_scan_layers(NNXLayer, NUM_LAYERS)(WIDTH, rngs=nnx.Rngs(0))
+  planned = rt.nnx_scan_layers(NNXLayer, NUM_LAYERS, policy=three)(
+      WIDTH, rngs=nnx.Rngs(1))
+  state = rt.restack(nnx.state(stack.blocks), three)
+  assert isinstance(state, nnx.State)
+  nnx.update(planned.blocks, state)
+  assert_trees_close(planned(x), stack(x))
+  assert_trees_close(rt.restack(nnx.state(planned.blocks), None),
+                     nnx.state(stack.blocks))
+  with pytest.raises(ValueError, match=r"restack: the variable at "
+                     r"\['fc'\]\['bias'\] has shape \(4, 8\), but the "
+                     r"policy gives 2 remat regions"):
+    rt.restack(single, ["save-ffn", "boundary-only"])
 
 
 def test_linen_dropout_keys_differ_per_layer_and_recompute_alike():
   x = x_input()
-  params = init(Stack(), x)["params"]
+  params = init(Stack(policy=mixed()), x)["params"]
   keep_all = rt.Policy(name="keep-all", save_everything=True)
 
   def run(policy):
@@ -231,9 +299,7 @@ def test_linen_dropout_keys_differ_per_layer_and_recompute_alike():
 
   # Same runs, nothing recomputed: the recomputed masks are the forward's.
   planned = run(mixed())
-  with pytest.warns(UserWarning, match="keeps every intermediate"):
-    keeping = run(["save-everything"] + [keep_all] * 3)
-  assert_trees_close(planned, keeping)
+  assert_trees_close(planned, run(["save-everything"] + [keep_all] * 3))
   deterministic = jax.jit(Stack(policy=mixed()).apply)({"params": params},
                                                       x).sum()
   assert not np.isclose(planned[0], deterministic)
@@ -251,9 +317,9 @@ def test_linen_dropout_keys_differ_per_layer_and_recompute_alike():
   variables = model.init(jax.random.key(0), x)
   _, state = model.apply(variables, x, mutable=["intermediates"],
                          rngs={"dropout": jax.random.key(3)})
-  keys = np.asarray(state["intermediates"]["layers"]["key"][0])
+  keys = rt.restack(state["intermediates"]["layers"], None)["key"][0]
   assert keys.shape == (NUM_LAYERS, 2)
-  assert len({tuple(k) for k in keys}) == NUM_LAYERS
+  assert len({tuple(k) for k in np.asarray(keys)}) == NUM_LAYERS
 
 
 class StatsLayer(nn.Module):
@@ -274,10 +340,10 @@ class StatsLayer(nn.Module):
 
 def test_linen_runs_update_mutable_collections_like_the_single_scan():
   x = x_input()
-  variables = init(Stack(block=StatsLayer), x)
-  variables = {"params": variables["params"], "stats": variables["stats"]}
+  single = init(Stack(block=StatsLayer), x)
+  single = {"params": single["params"], "stats": single["stats"]}
 
-  def run(policy):
+  def run(policy, variables):
     def loss(params):
       y, updates = Stack(policy=policy, block=StatsLayer).apply(
           {**variables, "params": params}, x,
@@ -285,11 +351,61 @@ def test_linen_runs_update_mutable_collections_like_the_single_scan():
       return y.sum(), updates
     return value_and_grad(loss, variables["params"], has_aux=True)
 
-  (value, updates), grads = run(mixed())
-  assert updates["intermediates"]["layers"]["h"][0].shape == (NUM_LAYERS, 2,
-                                                             WIDTH)
-  assert not np.allclose(updates["stats"]["layers"]["mean"], 0.0)
-  assert_trees_close(((value, updates), grads), run("boundary-only"))
+  planned = {c: restacked(v, mixed()) for c, v in single.items()}
+  (value, updates), grads = run(mixed(), planned)
+  assert sorted(updates["stats"]["layers"]) == ["run_0", "run_1"]
+  assert updates["intermediates"]["layers"]["run_1"]["h"][0].shape == (
+      NUM_LAYERS - 1, 2, WIDTH)
+  assert not np.allclose(updates["stats"]["layers"]["run_0"]["mean"], 0.0)
+  as_single = (value, {c: restacked(v, None) for c, v in updates.items()})
+  (single_value, single_updates), single_grads = run("boundary-only", single)
+  assert_trees_close((as_single, restacked(grads, None)),
+                     ((single_value, single_updates), single_grads))
+
+
+def test_a_run_keeping_everything_keeps_no_copy_of_its_variables():
+  # A run is an ordinary scan: its scanned variables are forwarded to the
+  # backward pass as the arguments they are, not kept again.
+  x = x_input()
+  policy = ["boundary-only"] + ["save-everything"] * 3
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    model = Stack(policy=policy)
+  params = init(model, x)["params"]
+  kept = residuals(lambda p: model.apply({"params": p}, x).sum(), params)
+  assert {shape[1:] for shape, _, what in kept if what != "argument"} == {
+      x.shape}
+  assert ((3, WIDTH, WIDTH), "float32", "argument") in kept
+
+
+@pytest.mark.slow  # gradient buffers: the same in both remat modes
+def test_splitting_a_stack_adds_no_stack_sized_gradient_buffer():
+  # Each run's gradient is the size of its own variables. (Reading the
+  # layers by index from one stack made each run's gradient the size of the
+  # whole stack: measured here, +3 MiB for 2 runs.)
+  width, batch = 256, 64
+
+  class Wide(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = rt.tag(nn.Dense(width, name="up")(x), "ffn.up")
+      h = nn.Dense(width, name="mid")(jnp.tanh(h))
+      return x + nn.Dense(width, name="down")(jnp.tanh(h))
+
+  x = jax.ShapeDtypeStruct((batch, width), jnp.float32)
+
+  def temp_bytes(policy):
+    model = rt.scan_layers(Wide, NUM_LAYERS, policy=policy)()
+    params = jax.eval_shape(model.init, jax.random.key(0), x)["params"]
+    grad = jax.jit(jax.grad(lambda p, x: model.apply({"params": p}, x).sum()))
+    compiled = grad.lower(params, x).compile()
+    return compiled.memory_analysis().temp_size_in_bytes, params
+
+  one, params = temp_bytes(["boundary-only"] * NUM_LAYERS)
+  copy = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params))
+  for policy in (["boundary-only"] * 2 + ["save-ffn"] * 2,
+                 ["boundary-only", "save-ffn"] * 2):
+    assert temp_bytes(policy)[0] - one < copy / 2, policy
 
 
 # ---------------------------------------------------------------- NNX
@@ -331,21 +447,21 @@ def test_nnx_runs_match_the_single_scan(request, group, deterministic):
 
     jaxpr = jax.make_jaxpr(lambda p: loss(p)[0])(params).jaxpr
     scans = sum(compat.is_scan(e) for e in jaxpr.eqns)
-    return scans, value_and_grad(loss, params, has_aux=True)
+    (value, state), grads = value_and_grad(loss, params, has_aux=True)
+    # Each in the single scan's layout, to compare.
+    joined = (value, restacked(state, None, ("blocks",)),
+              restacked(grads, None, ("blocks",)))
+    return scans, params, joined
 
-  scans, planned = run(mixed(group))
-  single_scans, single = run("boundary-only")
+  scans, params, planned = run(mixed(group))
+  single_scans, single_params, single = run("boundary-only")
   assert (scans, single_scans) == (2, 1)
+  assert sorted(params["blocks"]) == ["run_0", "run_1"]
+  assert_trees_close(params, restacked(single_params, mixed(group),
+                                       ("blocks",)))
   # Batch statistics, rng counts and dropout masks (stacked per layer) are
   # the single scan's.
   assert_trees_close(planned, single)
-
-
-def test_a_run_keeping_everything_warns_that_it_keeps_its_variables():
-  with pytest.warns(UserWarning, match=r"layers 1\.\.3 \(policy "
-                    r"save-everything\) keeps every intermediate.*a copy of"):
-    rt.scan_layers(Layer, NUM_LAYERS,
-                   policy=["boundary-only"] + ["save-everything"] * 3)
 
 
 # ---------------------------------------------------------------- bad input

@@ -17,7 +17,8 @@ stack drop to O(sqrt(L)) for about one extra forward pass (Chen et al. 2016).
 Every region reads its policy at trace time (``policy=None``: the ambient
 one, see :func:`remat_toolkit.use_policy`). The scans also take one policy
 per region (a per-layer plan): consecutive regions of equal policy become
-one scan each (:mod:`~remat_toolkit._src.scan_runs`).
+one scan each, over a stack of variables of its own
+(:mod:`~remat_toolkit._src.scan_runs`, :func:`remat_toolkit.restack`).
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -34,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -311,20 +313,21 @@ def scan_layers(block_cls: type, length: int, *,
   Regions inside one scan share one body, so a scan takes one policy. Given
   one policy per region (a per-layer plan, made on the unrolled model with
   ``rt.plan(..., per_layer=True)``), the stack runs as consecutive scans,
-  one per run of regions with equal policy, each region with its run's
-  policy; when every region has the same policy it is the single scan
-  above. The variables are the single scan's whatever the plan (the same
-  tree and leading axis, so a checkpoint saved under one plan loads under
-  another); each region reads its layers' variables from the stack by index
-  inside its remat region, so the runs keep what the same regions keep
-  unrolled plus that index (an int32, 4 bytes per region); a run under
-  ``save-everything`` keeps the variables it read as well, and warns
-  (``save-matmuls`` recomputes no matmul either). The stack's gradient is
-  summed over the runs, each run's the size of the stack, and XLA may hold
-  one per run until the sum: fewer runs, less memory. Collections the
-  call changes (``mutable=[...]``: batch statistics, ``sow``) are updated
-  as the single scan updates them; dropout keys are split per run, so they
-  differ from the single scan's but still differ per layer.
+  one per run of regions with equal policy, each the scan above over
+  variables of its own: the module's variables are one subtree per run,
+  ``run_0``, ``run_1``, ... (in every collection), each stacked along the
+  leading axis like the single scan's. When every region has the same
+  policy it is the single scan, variables and program unchanged. Each run
+  keeps what the same regions keep in the unrolled model, so the stack
+  keeps exactly the plan's ``activation_bytes`` (for plans without
+  ``save-everything`` regions: under that policy the unrolled and scanned
+  programs keep different values), and each run's gradient is the size of
+  its own variables, not the stack's. ``init`` splits the single scan's
+  variables, so a seed gives the same model whatever the plan, and
+  :func:`remat_toolkit.restack` moves variables between layouts (to resume
+  under another plan; the single stack is the runs concatenated). Dropout
+  keys are split per run: they differ from the single scan's, and still
+  per layer.
 
   Args:
     block_cls: a linen Module class whose ``__call__(x, *args)`` returns a
@@ -370,14 +373,17 @@ def scan_layers(block_cls: type, length: int, *,
     >>> params["params"]["Dense_0"]["kernel"].shape
     (4, 3, 3)
 
-    One policy per layer: two scans, over the same parameters.
+    One policy per layer: two scans, each over its run's parameters.
 
-    >>> Planned = rt.scan_layers(
-    ...     Block, 4, policy=["boundary-only"] * 3 + ["save-ffn"])
-    >>> apply = lambda p: Planned(width=3).apply(p, x)
-    >>> sum(e.primitive.name == "scan" for e in jax.make_jaxpr(apply)(params).eqns)
+    >>> plan = ["boundary-only"] * 3 + ["save-ffn"]
+    >>> Planned = rt.scan_layers(Block, 4, policy=plan)
+    >>> runs = rt.restack(params["params"], plan)
+    >>> runs["run_1"]["Dense_0"]["kernel"].shape
+    (1, 3, 3)
+    >>> apply = lambda p: Planned(width=3).apply({"params": p}, x)
+    >>> sum(e.primitive.name == "scan" for e in jax.make_jaxpr(apply)(runs).eqns)
     2
-    >>> bool(jnp.allclose(apply(params), Stack(width=3).apply(params, x)))
+    >>> bool(jnp.allclose(apply(runs), Stack(width=3).apply(params, x)))
     True
   """
   from flax import linen as nn
@@ -395,9 +401,19 @@ def scan_layers(block_cls: type, length: int, *,
   runs = scan_runs.planned_runs(policy, length, size, where)
   if runs is not None:
     if remat and len(runs) > 1:
-      return scan_runs.linen_stack(block_cls, length, size, runs, where)
+      return scan_runs.linen_stack(
+          block_cls, length, size, runs,
+          functools.partial(_single_scan, block_cls, size=size))
     policy = runs[0].policy  # one policy for every region: the single scan
   transform.validate_policy(policy, where)
+  return _single_scan(block_cls, length, policy, remat, size=size)
+
+
+def _single_scan(block_cls: type, length: int, policy: PolicyLike,
+                 remat: bool, *, size: int) -> type:
+  """``scan_layers``' class for one policy: a scan over remat regions."""
+  from flax import linen as nn
+
   region = _carry_step(block_cls)
   if size > 1:
     region = _linen_scan(region, size)
@@ -476,12 +492,12 @@ def nnx_scan_layers(block_cls: type, length: int, *,
   regions runs an inner scan over ``group`` blocks.
 
   One policy per region (a per-layer plan) runs the stack as consecutive
-  scans of equal policy, as :func:`scan_layers` describes, over the same
-  stacked state. Each region reads its ``nnx.Param`` variables from the
-  stack by index inside its remat region (they are read, not written);
-  the rest of the state (rng streams, batch statistics) is sliced per run
-  and written back, so dropout masks, rng counts and statistics are the
-  single scan's.
+  scans of equal policy, as :func:`scan_layers` describes: ``blocks`` is
+  then an ``nnx.Dict`` of one stacked module per run (``blocks["run_0"]``,
+  ...), whose state is the rows of the single stack's (parameters, batch
+  statistics, rng keys and counts), so a seed gives the same model and the
+  same dropout masks whatever the plan. :func:`remat_toolkit.restack` moves
+  ``nnx.state(stack.blocks)`` between layouts.
 
   Args:
     block_cls: an NNX Module class, constructed as
@@ -522,11 +538,15 @@ def nnx_scan_layers(block_cls: type, length: int, *,
     (4, 3, 3)
     >>> stack(jnp.ones((2, 3))).shape
     (2, 3)
-    >>> planned = rt.nnx_scan_layers(
-    ...     Block, 4, policy=["boundary-only"] * 2 + ["save-ffn"] * 2)(
-    ...         3, rngs=nnx.Rngs(0))
-    >>> planned.blocks.fc.kernel.shape, planned(jnp.ones((2, 3))).shape
-    ((4, 3, 3), (2, 3))
+    >>> plan = ["boundary-only"] * 2 + ["save-ffn"] * 2
+    >>> planned = rt.nnx_scan_layers(Block, 4, policy=plan)(
+    ...     3, rngs=nnx.Rngs(0))
+    >>> planned.blocks["run_1"].fc.kernel.shape
+    (2, 3, 3)
+    >>> bool(jnp.allclose(planned(jnp.ones((2, 3))), stack(jnp.ones((2, 3)))))
+    True
+    >>> rt.restack(nnx.state(planned.blocks), None)["fc"]["kernel"].shape
+    (4, 3, 3)
   """
   if not _is_nnx_class(block_cls):
     raise TypeError(
@@ -559,8 +579,12 @@ def _make_nnx_stack_class(spec: _NNXScanSpec) -> type:
                                 spec.remat))
 
     def __init__(self, *args: Any, rngs: Any, **kwargs: Any):
-      self.blocks = _stacked(
+      blocks = _stacked(
           lambda r: spec.block_cls(*args, rngs=r, **kwargs), shape, rngs)
+      # Runs get the rows of the single stack: a seed gives the same model
+      # (and dropout keys) whatever the plan.
+      self.blocks = scan_runs.nnx_runs(blocks, spec.runs) if spec.runs else (
+          blocks)
 
     def __call__(self, x: Any, *args: Any) -> Any:
       return _nnx_scan_call(spec, self.blocks, x, args)
@@ -582,7 +606,7 @@ def _nnx_scan_call(spec: _NNXScanSpec, blocks: Any, x: Any,
       return _nnx_scan_apply(one_block, group_blocks, carry)
   if spec.runs:
     return scan_runs.nnx_call(
-        blocks, x, spec.runs, region,
+        blocks, x, spec.runs, region, _nnx_scan_apply,
         f"nnx_scan_layers({spec.block_cls.__name__})", spec.size)
   if spec.remat:
     region = transform.remat_region(

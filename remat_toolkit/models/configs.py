@@ -65,8 +65,9 @@ class GPTConfig:
     remat_policy: the regions' policy name; None reads the ambient policy
       (``rt.use_policy``) at trace time. With ``scan_layers`` it may name a
       per-region policy (a registered per-layer plan of the unrolled model):
-      the stack then runs as consecutive scans of equal policy (see
-      :func:`remat_toolkit.scan_layers`).
+      the stack then runs as consecutive scans of equal policy, with one
+      parameter stack per run (``layers/run_0``, ...; see
+      :func:`remat_toolkit.scan_layers` and :func:`remat_toolkit.restack`).
     norm_eps: epsilon of the normalisation layers.
   """
 
