@@ -229,3 +229,30 @@ def test_a_region_the_policy_does_not_name_keeps_its_inputs_and_says_so():
       jax.make_jaxpr(jax.grad(loss))(*ARGS)
   report = rt.analyze(loss, *ARGS, policy=partial)
   assert any("'#1'" in w and "'#2'" in w for w in report.warnings)
+
+
+def test_the_dense_frontier_fills_the_gaps_between_named_policies():
+  import matplotlib
+  matplotlib.use("Agg")
+  f = rt.frontier(loss, *ARGS, per_layer=True)
+  named = [p for p in f.points if p.source == "named"]
+  planned = [p for p in f.points if p.source == "per-region plan"]
+  # Every step of the exact per-region front, measured.
+  assert len(planned) > len({(p.activation_bytes, p.recompute_flops)
+                             for p in named if p.on_frontier})
+  program = TracedProgram(loss, ARGS)
+  for p in planned:
+    assert p.activation_bytes <= p.budget
+    r = program.report(p.policy)
+    assert (r.activation_bytes, r.recompute_flops) == (
+        p.activation_bytes, p.recompute_flops)
+    # No named policy that fits the same budget recomputes less.
+    assert p.recompute_flops <= min(q.recompute_flops for q in named
+                                    if q.activation_bytes <= p.budget)
+  # Between named points, some plan recomputes strictly less than any named
+  # policy that fits its budget.
+  assert any(p.recompute_flops < min(q.recompute_flops for q in named
+                                     if q.activation_bytes <= p.budget)
+             for p in planned)
+  ax = f.plot()
+  assert "per-region plan" in [t.get_text() for t in ax.get_legend().get_texts()]
