@@ -65,7 +65,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -412,17 +411,10 @@ class Planner:
                           cost=o.cost, fits=limits.fit(o))
                  for n, o in self._named.items())
 
-  def infeasible(self, budget: int, complete: bool, peak: bool, *,
-                 per_layer: bool = False) -> ValueError:
+  def infeasible(self, budget: int, complete: bool, peak: bool) -> ValueError:
     """The error for a budget nothing fits, saying the least that does."""
     small = self.smallest()
     label = small.choice.mode or choice_label(small.choice) or "boundary-only"
-    if per_layer:
-      regions = self.region_planner
-      least = regions.predicted(regions.smallest())[0]
-      if least < small.device_bytes:
-        small = dataclasses.replace(small, device_bytes=least)
-        label = "a mix of policies per region"
     why = "" if complete else (
         " (the search stopped at its evaluation limit; raise max_evaluations)")
     what = "peak budget" if peak else "activation budget"

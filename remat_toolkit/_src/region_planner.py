@@ -285,9 +285,6 @@ class RegionPlanner:
     fitting.sort(key=lambda m: (m.cost, m.device, m.host))
     return fitting[:MIXES_MEASURED]
 
-  def smallest(self) -> Mix:
-    """The mix keeping the fewest device bytes."""
-    return min(self.mixes, key=lambda m: (m.device, m.cost))
 
 
 def _every_choice(names: Sequence[str], allow_offload: bool) -> list[Choice]:
@@ -351,8 +348,9 @@ def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,
       if exact:
         break  # measured as predicted: the cheapest mix, proven
   if not measured:
-    raise planner.infeasible(limit, True, bounds == ESTIMATED_PEAK,
-                              per_layer=True)
+    # A region keeps at least its inputs, so no mix keeps less than
+    # boundary-only, which was measured: the error can say that.
+    raise planner.infeasible(limit, True, bounds == ESTIMATED_PEAK)
   outcome, mix, exact = min(measured, key=lambda m: m[0].key())
   assignment = regions.assignment(mix)
   return Plan(
@@ -360,8 +358,7 @@ def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,
       budget=limit, cost=outcome.cost, decisions={},
       named=planner.named_fits(limits), report=outcome.report,
       optimal=exact, evaluations=planner.evaluations,
-      smallest_bytes=min(planner.smallest().device_bytes,
-                         regions.predicted(regions.smallest())[0]),
+      smallest_bytes=planner.smallest().device_bytes,
       workspace_bytes=planner.workspace_bytes(outcome.device_bytes),
       bounds=bounds, host_budget=host, host_bandwidth=planner.host_bandwidth,
       device_flops=planner.device_flops,
