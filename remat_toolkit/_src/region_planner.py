@@ -286,7 +286,6 @@ class RegionPlanner:
     return fitting[:MIXES_MEASURED]
 
 
-
 def _every_choice(names: Sequence[str], allow_offload: bool) -> list[Choice]:
   options = ("save", "recompute", "offload") if allow_offload else (
       "save", "recompute")
