@@ -4,7 +4,12 @@
 ``conftest.py`` (``quick_compiles``, ``remat_mode``).
 """
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +82,29 @@ def runnable_policies() -> list[str]:
   """The built-in policies that can run in the current remat mode."""
   return [n for n in rt.list_policies()
           if unrunnable_reason(rt.get_policy(n)) is None]
+
+
+# ---------------------------------------------------------------- devices
+
+def run_on_simulated_devices(script, *args, count=8):
+  """Runs ``script`` (Python source) in a subprocess with ``count`` CPU
+  devices and returns the JSON it prints last.
+
+  ``--xla_force_host_platform_device_count`` only takes effect before JAX
+  starts its backend, and the rest of the suite runs on one device. The
+  tests folder is on the subprocess's path, after the repository root.
+  """
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      f" --xla_force_host_platform_device_count={count}").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  tests = Path(__file__).resolve().parent
+  env["PYTHONPATH"] = os.pathsep.join(
+      [str(tests.parent), str(tests), env.get("PYTHONPATH", "")])
+  done = subprocess.run([sys.executable, "-c", script, *map(str, args)],
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-4000:]
+  return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------- regions

@@ -12,9 +12,6 @@ simulated devices; those tests start subprocesses and are marked slow.
 
 import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -26,6 +23,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from shared_helpers import run_on_simulated_devices
 
 import remat_toolkit as rt
 from remat_toolkit._src import compat
@@ -303,16 +301,7 @@ _HERE = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def eight_devices():
   """The in-process method's figures, on 8 simulated devices (a subprocess)."""
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  root = str(Path(__file__).resolve().parents[1])
-  env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-  done = subprocess.run([sys.executable, "-c", _HERE, str(Path(__file__).parent)],
-                        env=env, capture_output=True, text=True, timeout=600)
-  assert done.returncode == 0, done.stderr[-4000:]
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  return run_on_simulated_devices(_HERE, Path(__file__).parent)
 
 
 @pytest.mark.slow

@@ -6,10 +6,6 @@ sharded checks run in one subprocess (``_SCRIPT``) that prints its findings
 as JSON; the tests below assert on them.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -23,6 +19,7 @@ from remat_toolkit._src import sharding
 pytestmark = pytest.mark.slow
 
 from shared_helpers import JAX_RELEASE  # noqa: E402
+from shared_helpers import run_on_simulated_devices  # noqa: E402
 
 _SCRIPT = textwrap.dedent('''
     import json
@@ -160,14 +157,7 @@ _SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def sharded():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  done = subprocess.run([sys.executable, "-c", _SCRIPT], env=env,
-                        capture_output=True, text=True, timeout=600)
-  assert done.returncode == 0, done.stderr[-4000:]
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  return run_on_simulated_devices(_SCRIPT)
 
 
 def test_the_script_ran_on_eight_devices(sharded):
