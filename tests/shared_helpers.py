@@ -66,16 +66,29 @@ def jax_accounting(fn, args, policy):
 
 def jax_activation_bytes(fn, args, policy):
   """Device bytes of the residuals JAX itself reports with ``fn`` traced
-  under the ambient ``policy``, less arguments, constants (a model's
-  closed-over inputs: held anyway, and counted as arguments by
-  ``rt.analyze``) and literals (compiled in, not held)."""
+  under the ambient ``policy``, less arguments: constants and literals
+  count, as they do in ``ResidualReport.activation_bytes``."""
   def under(*a):
     with rt.use_policy(policy):
       return fn(*a)
   return sum(_residuals.aval_nbytes(aval)
              for aval, desc in compat.saved_residuals(under, *args)
-             if not desc.startswith(
-                 ("from the argument", "from a constant", "from a literal")))
+             if not desc.startswith("from the argument"))
+
+
+def jax_kinds(fn, args, policy):
+  """(kind, shape, bytes) of each residual JAX lists, sorted, with ``fn``
+  traced under the ambient ``policy``; kinds as ``rt.analyze`` names them."""
+  def under(*a):
+    with rt.use_policy(policy):
+      return fn(*a)
+  kinds = {"from the argument": "argument", "from a constant": "constant",
+           "from a literal": "literal"}
+  out = []
+  for aval, desc in compat.saved_residuals(under, *args):
+    kind = next((k for p, k in kinds.items() if desc.startswith(p)), "activation")
+    out.append((kind, tuple(aval.shape), _residuals.aval_nbytes(aval)))
+  return sorted(out)
 
 
 def runnable_policies() -> list[str]:

@@ -383,4 +383,4 @@ def test_a_captured_prng_key_is_counted_with_its_bytes(remat_mode):
   theirs = [aval for aval, _ in compat.saved_residuals(loss, *args)
             if str(aval.dtype).startswith("key")]
   assert len(keys) == len(theirs)
-  assert all(r.nbytes == 8 and r.kind == "argument" for r in keys)
+  assert all(r.nbytes == 8 and r.kind == "constant" for r in keys)

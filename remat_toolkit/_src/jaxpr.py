@@ -355,6 +355,37 @@ def set_every_region_policy(jaxpr: Jaxpr, policy: Any) -> Jaxpr:
   return rewrite(jaxpr, on_eqn)
 
 
+#: Primitives whose scalar literal operands are, in a Python trace, values
+#: of the trace (a Python scalar that ``jnp`` converted: ``x * 3.0``), which
+#: JAX's VJP keeps as residuals. jnp's own constants (``mean``'s divisor) are
+#: handed to ``div`` as plain numbers and folded, so ``div`` is not here.
+LIFTED_LITERAL_PRIMITIVES = frozenset({"mul"})
+
+
+def literals_as_invars(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
+  """``jaxpr`` with the literal operands of some equations new invars.
+
+  The equations are those of :data:`LIFTED_LITERAL_PRIMITIVES`. Returns
+  ``(jaxpr, values)``: the new variables come first among the invars and
+  take ``values`` in order. Sub-jaxprs keep their literals.
+  """
+  added: list[Var] = []
+  values: list[Any] = []
+
+  def lift(v: Any) -> Any:
+    if not isinstance(v, Literal):
+      return v
+    added.append(Var(v.aval))
+    values.append(v.val)
+    return added[-1]
+
+  eqns = [e.replace(invars=[lift(v) for v in e.invars])
+          if e.primitive.name in LIFTED_LITERAL_PRIMITIVES
+          and any(isinstance(v, Literal) for v in e.invars) else e
+          for e in jaxpr.eqns]
+  return jaxpr.replace(invars=[*added, *jaxpr.invars], eqns=eqns), values
+
+
 def inline_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
   """``jaxpr`` with every remat region whose policy is ``in markers`` inlined.
 

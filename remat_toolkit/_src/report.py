@@ -29,6 +29,11 @@ from remat_toolkit._src.rendered import Rendered
 
 __all__ = ["Residual", "ResidualReport", "Comparison"]
 
+#: The residual kinds counted in ``activation_bytes`` (and
+#: ``offloaded_bytes``): every one JAX's ``saved_residuals`` lists except
+#: ``from the argument``, so the totals equal JAX's own.
+COUNTED_KINDS = ("activation", "constant", "literal")
+
 
 @dataclasses.dataclass(frozen=True)
 class Residual:
@@ -38,8 +43,12 @@ class Residual:
     shape: the stored shape (a scan-stacked residual includes its scan axis).
     dtype: dtype name.
     nbytes: bytes held, every scan iteration included.
-    kind: ``"argument"`` (a parameter or input, held anyway) or
-      ``"activation"`` (kept only for the backward pass).
+    kind: what JAX's ``saved_residuals`` calls it: ``"argument"`` (``from
+      the argument``: a parameter or input, held anyway), ``"constant"``
+      (``from a constant``: an array the function closes over),
+      ``"literal"`` (``from a literal``: a scalar such as a Python float)
+      or ``"activation"`` (``named ...`` or ``output of ...``: computed by
+      the forward pass).
     name: its checkpoint name, if it has one (also inside scan bodies).
     module_path: where in the model it was made, e.g. ``layers_3/attn``.
     primitive: the primitive that computed it.
@@ -135,11 +144,29 @@ class ResidualReport(Rendered):
   # ------------------------------------------------------------ totals
   @property
   def activations(self) -> tuple[Residual, ...]:
-    return tuple(r for r in self.residuals if r.kind == "activation")
+    """The residuals counted in the activation totals (all but arguments)."""
+    return tuple(r for r in self.residuals if r.kind in COUNTED_KINDS)
 
   @property
   def activation_bytes(self) -> int:
-    """Activation bytes kept in device memory."""
+    """Bytes kept in device memory for the backward pass, beyond arguments.
+
+    Counts the kinds in :data:`COUNTED_KINDS`: what JAX's
+    ``saved_residuals`` lists as ``named ...``, ``output of ...``, ``from a
+    constant`` and ``from a literal``; not ``from the argument`` (see
+    :attr:`argument_bytes`). Offloaded residuals are in
+    :attr:`offloaded_bytes`. So it equals the bytes of JAX's list less its
+    arguments, on device.
+
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> table = jnp.ones((8, 8))  # closed over: JAX's "from a constant"
+    >>> report = rt.analyze(lambda x: jnp.sin(x @ table).sum(), jnp.ones((2, 8)))
+    >>> sorted((r.kind, r.nbytes) for r in report.residuals)
+    [('activation', 64), ('constant', 256)]
+    >>> report.activation_bytes
+    320
+    """
     return sum(r.nbytes for r in self.activations if r.memory_kind == "device")
 
   @property
@@ -167,20 +194,34 @@ class ResidualReport(Rendered):
     return 100.0 * self.recompute_flops / self.baseline_step_flops
 
   # ------------------------------------------------------------ groupings
-  def by_module(self, depth: int | None = 1, *, kind: str = "activation"
+  def bytes_by_kind(self) -> dict[str, int]:
+    """Bytes per residual kind (``argument``, ``constant``, ...)."""
+    return _group(self.residuals, lambda r: r.kind)
+
+  def _of_kind(self, kind: str | None) -> tuple[Residual, ...]:
+    """Residuals of ``kind``; None: those counted in the activation totals."""
+    if kind is None:
+      return self.activations
+    return tuple(r for r in self.residuals if r.kind == kind)
+
+  def by_module(self, depth: int | None = 1, *, kind: str | None = None
                 ) -> dict[str, int]:
-    """Bytes per module-path prefix of ``depth`` components (None: full)."""
-    return _group((r for r in self.residuals if r.kind == kind),
+    """Bytes per module-path prefix of ``depth`` components (None: full).
+
+    ``kind`` selects one residual kind; None: every kind counted in
+    :attr:`activation_bytes`.
+    """
+    return _group(self._of_kind(kind),
                   lambda r: module_prefix(r.module_path, depth))
 
-  def by_name(self, *, kind: str = "activation") -> dict[str, int]:
+  def by_name(self, *, kind: str | None = None) -> dict[str, int]:
     """Bytes per checkpoint name (unnamed residuals by ``<primitive>``)."""
-    return _group((r for r in self.residuals if r.kind == kind),
+    return _group(self._of_kind(kind),
                   lambda r: r.what)
 
-  def by_primitive(self, *, kind: str = "activation") -> dict[str, int]:
+  def by_primitive(self, *, kind: str | None = None) -> dict[str, int]:
     """Bytes per producing primitive."""
-    return _group((r for r in self.residuals if r.kind == kind),
+    return _group(self._of_kind(kind),
                   lambda r: r.primitive)
 
   # ------------------------------------------------------------ data out
@@ -191,6 +232,7 @@ class ResidualReport(Rendered):
         "activation_bytes": self.activation_bytes,
         "offloaded_bytes": self.offloaded_bytes,
         "argument_bytes": self.argument_bytes,
+        "bytes_by_kind": self.bytes_by_kind(),
         "activation_bytes_per_device": self.activation_bytes_per_device,
         "devices": self.devices,
         "per_device_method": self.per_device_method,

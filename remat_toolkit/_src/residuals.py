@@ -54,14 +54,25 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
   """
   remat3 = compat.remat3_enabled()
   evaluate = compat.eval_jaxpr if remat3 else _jaxpr.eval_with_jitted_regions
+  lifted, literals = _jaxpr.literals_as_invars(jaxpr)
 
-  def loss(*xs):
-    return evaluate(jaxpr, consts, *xs)[0]
+  def traced_loss() -> Callable:
+    # Tracing the Python function makes each scalar literal a value of the
+    # trace, which the VJP keeps as a residual (JAX: "from a literal");
+    # evaluating the jaxpr would hand it over as a plain number, folded into
+    # the backward program and never listed. So each one enters as a value
+    # of the enclosing trace.
+    values = [jax.lax.convert_element_type(v, jax.numpy.dtype(a.aval.dtype))
+              for v, a in zip(literals, lifted.invars, strict=False)]
+
+    def loss(*xs):
+      return evaluate(lifted, consts, *values, *xs)[0]
+    return loss
 
   captured: list[Any] = []
 
   def forward(*xs):
-    out, vjp_fn = jax.vjp(loss, *xs)
+    out, vjp_fn = jax.vjp(traced_loss(), *xs)
     captured.append(vjp_fn)
     return out, jax.tree_util.tree_leaves(vjp_fn)
 
@@ -71,12 +82,13 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
   if linear is not None and not remat3:
     return TracedStep(closed, num_res, _jaxpr.count_matmul_flops(linear))
   return TracedStep(closed, num_res,
-                    _traced_step_flops(loss, leaves) - forward_flops)
+                    _traced_step_flops(traced_loss, leaves) - forward_flops)
 
 
-def _traced_step_flops(loss: Callable, leaves: list[Any]) -> int:
+def _traced_step_flops(traced_loss: Callable[[], Callable], leaves: list[Any]
+                       ) -> int:
   def step(*xs):
-    out, vjp_fn = jax.vjp(loss, *xs)
+    out, vjp_fn = jax.vjp(traced_loss(), *xs)
     return out, vjp_fn(jax.numpy.ones_like(out))
 
   closed = jax.make_jaxpr(step)(*leaves)
@@ -91,7 +103,11 @@ class ResidualOrigin:
 
   Attributes:
     aval: its abstract value (shape, dtype, memory space).
-    kind: ``"argument"`` or ``"activation"``.
+    kind: ``"argument"`` (an input of the step), ``"constant"`` (an array
+      the function closes over), ``"literal"`` (a scalar compiled into the
+      program) or ``"activation"`` (computed by the forward pass): JAX's
+      ``from the argument``, ``from a constant``, ``from a literal`` and
+      ``named``/``output of`` categories.
     name: its checkpoint name, if any.
     primitive: the primitive that made it.
     module_path: the Flax module path of the equation that made it.
@@ -203,7 +219,7 @@ def residual_origins(step: Any, num_out: int, num_res: int
   seen: set[Any] = set()
   for v in jaxpr.outvars[num_out:num_out + num_res]:
     if isinstance(v, Literal):
-      origins.append(ResidualOrigin(v.aval, "activation", None, "literal", "",
+      origins.append(ResidualOrigin(v.aval, "literal", None, "literal", "",
                                     "", "device", 1, None, v))
       continue
     base = copies.get(v, v)
@@ -211,8 +227,9 @@ def residual_origins(step: Any, num_out: int, num_res: int
       continue
     seen.add(base)
     if base in invar_index or base in jaxpr.constvars:
+      kind = "argument" if base in invar_index else "constant"
       origins.append(ResidualOrigin(
-          base.aval, "argument", None, "argument", "", "",
+          base.aval, kind, None, kind, "", "",
           _jaxpr.memory_kind_of(base.aval), 1, invar_index.get(base), base))
       continue
     found = tracer.origin(base, jaxpr)

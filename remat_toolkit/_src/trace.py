@@ -37,6 +37,7 @@ from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src import sharding as _sharding
 from remat_toolkit._src.findings import policy_warnings
 from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.report import COUNTED_KINDS
 from remat_toolkit._src.report import Residual
 from remat_toolkit._src.report import ResidualReport
 from remat_toolkit._src.resolve import SAVE_EVERYTHING
@@ -255,11 +256,8 @@ class TracedProgram:
     label = ""
     path = o.module_path
     if o.kind == "argument":
-      if o.arg_index is not None:
-        label = self._paths[o.arg_index]
-        path = _path_from_label(label)
-      else:
-        label = "constant"
+      label = self._paths[o.arg_index]
+      path = _path_from_label(label)
     elif self._root:
       path = _strip_root(path, self._root)
     return Residual(
@@ -284,7 +282,7 @@ class TracedProgram:
       residuals = tuple(dataclasses.replace(r, per_device_nbytes=b)
                         for r, b in zip(residuals, shares, strict=True))
       per_device = sum(r.per_device_nbytes for r in residuals
-                       if r.kind == "activation" and r.memory_kind == "device")
+                       if r.kind in COUNTED_KINDS and r.memory_kind == "device")
     notes = [self._layout.note] if self._layout.note else []
     return ResidualReport(
         policy=policy.name, residuals=residuals,

@@ -59,6 +59,7 @@ from remat_toolkit._src.inputs import concrete_leaves as _concrete_leaves
 from remat_toolkit._src.inputs import random_inputs
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.rendered import Rendered
+from remat_toolkit._src.report import COUNTED_KINDS
 from remat_toolkit._src.report import Residual
 from remat_toolkit._src.resolve import PolicyLike
 from remat_toolkit._src.trace import TracedProgram
@@ -434,9 +435,9 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
       rtol=rtol, atol=atol, inputs=inputs, reference=reference_text,
       no_op=_no_op(program, resolved, kept), warnings=tuple(warnings),
       regions=program.regions,
-      activation_bytes=sum(r.nbytes for r in residuals if r.kind == "activation"
+      activation_bytes=sum(r.nbytes for r in residuals if r.kind in COUNTED_KINDS
                            and r.memory_kind == "device"),
-      offloaded_bytes=sum(r.nbytes for r in residuals if r.kind == "activation"
+      offloaded_bytes=sum(r.nbytes for r in residuals if r.kind in COUNTED_KINDS
                           and r.memory_kind == "host"))
   if strict and result.problems:
     listed = "; ".join(f"({i}) {p}" for i, p in enumerate(result.problems, 1))

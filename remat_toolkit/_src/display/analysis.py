@@ -38,6 +38,11 @@ def residual_report_summary(report: ResidualReport) -> list[str]:
       f"{fmt.format_flops(report.recompute_flops)} "
       f"({report.recompute_percent:.1f}% of a no-remat step)",
   ]
+  others = {k: b for k, b in report.bytes_by_kind().items()
+            if k not in ("activation", "argument")}
+  if others:
+    lines.append("counted with the activations: " + ", ".join(
+        f"{k} {fmt.format_bytes(b)}" for k, b in others.items()))
   if report.per_device_activation_bytes is not None:
     how = f"; {report.per_device_method}" if report.per_device_method else ""
     lines.append(f"per device ({report.devices} devices{how}): "
@@ -57,21 +62,22 @@ def residual_table(report: ResidualReport, *, depth: int | None = 2,
   rows: dict[tuple[str, str], list] = {}
   for r in report.activations:
     module = module_prefix(r.module_path, depth)
-    row = rows.setdefault((module, r.what), [0, 0, r.memory_kind, r.stacked])
+    row = rows.setdefault((module, r.what, r.kind),
+                          [0, 0, r.memory_kind, r.stacked])
     row[0] += 1
     row[1] += r.nbytes
   ordered = sorted(rows.items(), key=lambda kv: -kv[1][1])
   total = max(report.activation_bytes + report.offloaded_bytes, 1)
-  body = [[m, w, n, fmt.format_bytes(b), f"{100 * b / total:.1f}%", mk,
+  body = [[m, w, k, n, fmt.format_bytes(b), f"{100 * b / total:.1f}%", mk,
            s if s > 1 else ""]
-          for (m, w), (n, b, mk, s) in ordered[:limit]]
+          for (m, w, k), (n, b, mk, s) in ordered[:limit]]
   if len(ordered) > limit:
     rest = sum(v[1] for _, v in ordered[limit:])
-    body.append(["...", f"{len(ordered) - limit} more", "",
+    body.append(["...", f"{len(ordered) - limit} more", "", "",
                  fmt.format_bytes(rest), f"{100 * rest / total:.1f}%", "", ""])
-  return fmt.text_table(["module", "residual", "count", "bytes", "share",
+  return fmt.text_table(["module", "residual", "kind", "count", "bytes", "share",
                          "memory", "stacked"], body,
-                        right=[False, False, True, True, True, False, True])
+                        right=[False, False, False, True, True, True, False, True])
 
 
 @to_text.register
@@ -89,8 +95,11 @@ def _(report: ResidualReport) -> str:
   names = fmt.html_table(["residual", "bytes"], [
       [n, fmt.format_bytes(b)] for n, b in report.by_name().items()],
       caption="Activation bytes by name")
+  kinds = fmt.html_table(["kind", "bytes"], [
+      [k, fmt.format_bytes(b)] for k, b in report.bytes_by_kind().items()],
+      caption="Residual bytes by kind")
   return (f"<div><p style='font-family:monospace'>{summary}</p>"
-          f"<div style='display:flex;gap:2em'>{modules}{names}</div></div>")
+          f"<div style='display:flex;gap:2em'>{modules}{names}{kinds}</div></div>")
 
 
 @to_dataframe.register
