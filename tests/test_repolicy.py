@@ -259,3 +259,31 @@ def test_remat_modules_inside_the_models_own_region_says_what_happens(
   assert figures == [jax_activation_bytes(fixed, (params, X), n) for n in names]
   if not remat_mode:  # remat3 keeps nested regions' unnamed values apart
     assert figures[0] < figures[1]
+
+
+class ScanBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return Block(name="block")(x)
+
+
+class RematScanModel(nn.Module):
+  """Like Flax's own examples: nn.remat_scan over a stack of blocks."""
+  policy: object = OWN
+
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.remat_scan(ScanBlock, lengths=(2, 2), policy=self.policy,
+                          variable_axes={"params": 0},
+                          split_rngs={"params": True})
+    return (stack(name="layers")(x) ** 2).sum()
+
+
+def test_nn_remat_scan(remat_mode):
+  params = RematScanModel().init(jax.random.key(0), X)
+
+  def loss_of(policy):
+    return lambda p, x: RematScanModel(policy).apply(p, x)
+  got = residuals(rt.repolicy(loss_of(OWN), NAMED), params, X)
+  assert got == residuals(loss_of(NAMED), params, X)
+  assert got != residuals(loss_of(OWN), params, X)
