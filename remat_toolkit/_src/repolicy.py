@@ -103,8 +103,8 @@ def _rewrite(program: Any, policy: PolicyLike,
     if not compat.is_remat(eqn):
       return None
     old_body = compat.remat_body_of(eqn)
+    key = _region_key(eqn, old_body)  # outer first, as tracing numbers them
     body = recurse(old_body)
-    key = _region_key(eqn, body)
     if not _selected(key, patterns, hits):
       return None if body is old_body else compat.with_remat(
           eqn, body, compat.remat_policy_of(eqn))
