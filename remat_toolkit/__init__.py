@@ -32,6 +32,7 @@ from remat_toolkit._src.grouping import scan_layers
 from remat_toolkit._src.nnx_paths import name_nnx_modules
 from remat_toolkit._src.planner import plan
 from remat_toolkit._src.policy import Policy
+from remat_toolkit._src.repolicy import repolicy
 from remat_toolkit._src.rules import remat_modules
 from remat_toolkit._src.rules import remat_summary
 from remat_toolkit._src.scan_runs import restack
@@ -56,6 +57,7 @@ __all__ = [
     "remat_modules",
     "remat_summary",
     "remat_chain",
+    "repolicy",
     "scan_layers",
     "nnx_scan_layers",
     "restack",

@@ -84,6 +84,8 @@ def region_warnings(program: TracedProgram, policy: str | None = None
             f"{own_policy_text(own)}. Build the regions with policy left "
             "as None (remat_toolkit.remat, remat_toolkit.remat_modules) so "
             "that they take the policy analysed."]
+  if own and program.shadowed_regions:
+    return [_shadowed_warning(program, subject, own)]
   if own:
     what = f"policy {policy!r}" if policy else "the policy asked for"
     total = program.regions + len(own)
@@ -95,6 +97,25 @@ def region_warnings(program: TracedProgram, policy: str | None = None
             f"{takes} it, so the figures mix policies. Build those regions "
             "with policy left as None to let them take it."]
   return []
+
+
+def _shadowed_warning(program: TracedProgram, subject: str,
+                      own: list[tuple[str, str]]) -> str:
+  """Regions nested in the model's own regions: the outer policy wins."""
+  shadowed, total = program.shadowed_regions, program.regions
+  if shadowed == total:
+    head = (f"every one of the {total} remat regions that read the ambient "
+            f"policy sits inside a remat region the model makes itself, "
+            f"whose own policy decides what is saved, so {subject}")
+  else:
+    head = (f"{shadowed} of the {total} remat regions that read the ambient "
+            f"policy sit inside a remat region the model makes itself, whose "
+            f"own policy decides what they save; only the other "
+            f"{total - shadowed} take the policy analysed, so the figures "
+            "mix policies")
+  return (f"{head}: {own_policy_text(own)}. Re-policy the model's own regions "
+          "with remat_toolkit.repolicy(fn) instead of adding regions inside "
+          "them.")
 
 
 def unmatched_names_warning(program: TracedProgram, policy: Any) -> str | None:

@@ -199,6 +199,19 @@ def count_remat_regions(jaxpr: Jaxpr, markers: Any = None) -> int:
       markers is None or compat.remat_policy_of(e) in markers))
 
 
+def count_shadowed_regions(jaxpr: Jaxpr, markers: Any) -> int:
+  """Regions whose policy is ``in markers`` nested inside a remat region
+  with a policy of its own: the outer policy decides what they save."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if compat.is_remat(eqn) and compat.remat_policy_of(eqn) not in markers:
+      count += count_remat_regions(compat.remat_body_of(eqn), markers)
+      continue
+    count += sum(count_shadowed_regions(sub, markers)
+                 for sub in sub_jaxprs(eqn))
+  return count
+
+
 def float_dtypes_in(jaxpr: Jaxpr) -> frozenset[Any]:
   """The floating-point dtypes computed anywhere in ``jaxpr``."""
   found: set[Any] = set()

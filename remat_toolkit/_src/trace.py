@@ -174,6 +174,12 @@ class TracedProgram:
     return frozenset().union(*self._region_names.values())
 
   @property
+  def shadowed_regions(self) -> int:
+    """Regions reading the ambient policy that sit inside a region with a
+    policy of its own (a model that remats itself), where the outer wins."""
+    return _jaxpr.count_shadowed_regions(self.jaxpr.jaxpr, self._markers)
+
+  @property
   def own_policy_regions(self) -> list[tuple[str, str]]:
     """``(where, policy)`` of each remat region that has its own policy."""
     if self._own_regions is None:
