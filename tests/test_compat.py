@@ -17,6 +17,7 @@ import pytest
 import remat_toolkit as rt
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import lowering
 
 cp = jax.checkpoint_policies
 
@@ -472,3 +473,61 @@ def test_only_the_compat_layer_touches_jax_and_flax_internals():
         if "import" in code or "config" in code:
           offenders.append(f"{path.name}:{number}: {line.strip()}")
   assert not offenders, offenders
+
+
+# ---------------------------------------------------------------- jit keys
+
+def test_this_jax_has_user_contexts_in_jit_keys():
+  # Both supported releases have jax.make_user_context; the fallback warns.
+  assert compat.has_trace_key_context()
+
+
+def test_trace_key_part_retraces_jit_and_reuses_equal_values():
+  traces = []
+
+  @jax.jit
+  def f(x):
+    traces.append(compat.trace_key())
+    return x + 1
+
+  for value in ("a", "a", "b", "a", ("c", 1), ("c", 1)):
+    with compat.trace_key_part("test", value):
+      f(1.0)
+  assert [dict(k)["test"] for k in traces] == ["a", "b", ("c", 1)]
+  assert compat.trace_key() == ()
+
+
+def test_trace_key_parts_nest_by_slot():
+  with compat.trace_key_part("one", 1), compat.trace_key_part("two", 2):
+    with compat.trace_key_part("one", 3):
+      assert dict(compat.trace_key()) == {"one": 3, "two": 2}
+    assert dict(compat.trace_key()) == {"one": 1, "two": 2}
+
+
+def test_fresh_trace_key_runs_jitted_python_again():
+  traces = []
+
+  @jax.jit
+  def f(x):
+    traces.append(None)
+    return x + 1
+
+  f(1.0)
+  with compat.fresh_trace_key():
+    f(1.0)
+  f(1.0)
+  assert len(traces) == 2
+
+
+def test_trace_key_part_rejects_unhashable_values():
+  with pytest.raises(TypeError):
+    with compat.trace_key_part("test", []):
+      pass
+
+
+def test_use_policy_and_markers_enter_the_jit_key():
+  marker = compat.policy_marker("test")
+  with rt.use_policy("save-ffn") as policy:
+    assert dict(compat.trace_key())["ambient"] == policy
+    with lowering.substitute_ambient(marker):
+      assert dict(compat.trace_key())["substitute"] is marker

@@ -46,6 +46,7 @@ __all__ = [
     "linen_scope_path",
     "linen_lift_transform", "linen_decorator_lift_transform",
     "ShardingTypeError", "aval_sharding", "pickle_exported", "unpickle_exported",
+    "has_trace_key_context", "trace_key", "trace_key_part", "fresh_trace_key",
 ]
 
 # ---------------------------------------------------------------- jaxpr types
@@ -135,6 +136,50 @@ def remat3(enabled: bool) -> Iterator[None]:
     yield
   finally:
     jax.config.update("jax_remat3", before)
+
+
+# ---------------------------------------------------------------- jit keys
+
+# A value JAX's trace, lowering and compile caches key on, as they key on
+# ``default_matmul_precision``: a jitted function traced under one ambient
+# policy is traced again under another instead of keeping the first.
+_make_user_context = getattr(jax, "make_user_context", None)
+_TRACE_KEY = _make_user_context(()) if _make_user_context is not None else None
+
+
+def has_trace_key_context() -> bool:
+  """Whether this JAX keys its jit caches on a user context value."""
+  return _TRACE_KEY is not None
+
+
+def trace_key() -> tuple[tuple[str, Any], ...]:
+  """The toolkit's part of every jit cache key: ``(slot, value)`` pairs."""
+  return _TRACE_KEY.value if _TRACE_KEY is not None else ()
+
+
+@contextlib.contextmanager
+def trace_key_part(slot: str, value: Any) -> Iterator[None]:
+  """Puts ``value`` under ``slot`` in the jit cache key inside the block.
+
+  ``value`` must be hashable; equal values hit the same cache entries, so a
+  function called again under an equal policy is not traced again. Where JAX
+  has no user contexts this does nothing (callers warn).
+  """
+  hash(value)
+  if _TRACE_KEY is None:
+    yield
+    return
+  parts = tuple(p for p in _TRACE_KEY.value if p[0] != slot)
+  with _TRACE_KEY(parts + ((slot, value),)):
+    yield
+
+
+@contextlib.contextmanager
+def fresh_trace_key() -> Iterator[None]:
+  """A jit cache key no earlier trace has, so jitted functions run their
+  Python again inside the block (to see every module they call)."""
+  with trace_key_part("fresh", object()):
+    yield
 
 
 # ---------------------------------------------------------------- policies

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import warnings
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 
 from remat_toolkit._src import catalog
+from remat_toolkit._src import compat
 from remat_toolkit._src import region_keys
 from remat_toolkit._src import resolve
 from remat_toolkit._src.policy import Policy
@@ -36,7 +38,11 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
   """Sets the ambient policy for regions traced inside the block.
 
   Regions built with ``policy=None`` read it when they are traced, so one
-  model can be compared under many policies without editing it. Under a
+  model can be compared under many policies without editing it. The policy
+  is part of JAX's jit cache key, as ``jax.default_matmul_precision`` is: a
+  function jitted with ``jax.jit``, ``nn.jit`` or ``nnx.jit`` runs under the
+  policy active when it is called, traced again when that policy changes
+  and not when an equal one returns. Under a
   per-region policy (a plan made with ``per_layer=True``) each region takes
   the policy of its own key: its module path, or for regions of plain
   functions its position among those traced inside the block (``#0``,
@@ -68,12 +74,30 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
                     "a jax.checkpoint_policies policy, got None; e.g. "
                     "rt.use_policy('save-ffn').")
   resolved = resolve.resolve_policy(policy, argument="use_policy's policy")
+  _warn_without_trace_key()
   token = _ambient.set(resolved)
   try:
-    with region_keys.counting():
+    with region_keys.counting(), compat.trace_key_part("ambient", resolved):
       yield resolved
   finally:
     _ambient.reset(token)
+
+
+def _warn_without_trace_key() -> None:
+  """Says once that jitted functions keep the policy of their first trace."""
+  global _warned_without_key
+  if compat.has_trace_key_context() or _warned_without_key:
+    return
+  _warned_without_key = True
+  warnings.warn(
+      "This JAX has no jax.make_user_context, so the ambient policy is not "
+      "part of jit cache keys: a function jitted (jax.jit, nn.jit, nnx.jit) "
+      "and traced before this use_policy block keeps the policy of its first "
+      "trace. Jit it anew inside the block, or upgrade JAX.",
+      UserWarning, stacklevel=4)
+
+
+_warned_without_key = False
 
 
 def current_policy() -> Policy:

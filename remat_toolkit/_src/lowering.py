@@ -121,7 +121,7 @@ def substitute_ambient(jax_policy: Any) -> Iterator[None]:
   """
   token = _substitute.set(jax_policy)
   try:
-    with region_keys.counting():
+    with region_keys.counting(), compat.trace_key_part("substitute", jax_policy):
       yield
   finally:
     _substitute.reset(token)

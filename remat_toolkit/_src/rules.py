@@ -214,6 +214,10 @@ def _linen_rules_active(rules: _Rules, model: _LinenModel) -> Iterator[None]:
       yield
   finally:
     _linen_call.reset(token)
+  if not state.seen:
+    # A jitted method (nn.jit) replayed its cached trace: no module ran, so
+    # this call tells nothing new about the regions.
+    return
   model.summary = discovery.summarize(model.name, model.rules is None,
                                       state.regions)
   # Raised from the user's init/apply call: contextlib and the wrapper between.
@@ -244,7 +248,10 @@ def _record_linen(module: Any, entry: Any, args: tuple, kwargs: dict
 
   token = _discovering.set(True)
   try:
-    jax.eval_shape(trace)
+    # A jitted method (nn.jit) traced before would hit its cache and never
+    # call the modules behind it, hiding them from the recorder.
+    with compat.fresh_trace_key():
+      jax.eval_shape(trace)
   except Exception as error:
     error.add_note(
         "(raised while remat_modules traced the model abstractly to find its "

@@ -3,7 +3,9 @@
 A region of a plain function is traced once per call signature (tree
 structure, static values, avals), as ``jax.checkpoint`` itself re-uses
 traces; the policy is not part of the trace, so it is still decided at each
-call and ``use_policy`` keeps working. Replaying a trace re-emits the region
+call and ``use_policy`` keeps working; the ambient policy is part of the
+key all the same, as it is of JAX's jit keys, since a region may call
+jitted functions or nested regions that read it. Replaying a trace re-emits the region
 without running the model's Python again, which is how a region whose policy
 needs its checkpoint names is traced once (to read them) and checkpointed
 once.
@@ -107,8 +109,9 @@ def call_key(args: tuple, kwargs: dict, static_argnums: tuple[int, ...],
   whole += tuple((k, kwargs[k]) for k in static_argnames if k in kwargs)
   parts = tuple(("array", compat.abstractify(x)) if is_array(x)
                 else ("static", type(x), x) for x in leaves)
-  # The flag changes what a checkpoint name traces to.
-  key = (treedef, whole, parts, compat.remat3_enabled())
+  # The flag changes what a checkpoint name traces to; the ambient policy
+  # (the trace key) what nested regions and jitted calls trace to.
+  key = (treedef, whole, parts, compat.remat3_enabled(), compat.trace_key())
   try:
     hash(key)
   except TypeError:
