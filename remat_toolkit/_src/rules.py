@@ -449,8 +449,13 @@ def remat_modules(model: Any, rules: Mapping[str, PolicyLike] | None = None, *,
   and are named by one stem and consecutive indices (``transformer/h/0``,
   ``transformer/h/1`` in Hugging Face GPT-2; ``layers_0``, ``Block_1`` in
   plain Flax; ``encoder/block/0`` and ``decoder/block/0`` in T5: both
-  stacks). Each becomes a region that reads the ambient policy (as the rule
-  ``None`` does), and :func:`remat_summary` says what was chosen. A linen
+  stacks). For linen, discovery follows the block that repeats along the
+  depth: the layers of a stack of stages (ResNet's
+  ``encoder/stages/0/layers/1``), not a convolutional feature extractor
+  before another stack (Wav2Vec2), and a shared layer applied N times
+  (ALBERT) when nothing else repeats. Each becomes a region that reads the
+  ambient policy (as the rule ``None`` does), and :func:`remat_summary` says
+  what was chosen, counting applications. A linen
   model's submodules are known only when it runs, so its blocks are found at
   its first ``init`` / ``init_with_output`` / ``apply`` (per ``method=``),
   from one extra abstract trace (``jax.eval_shape``: nothing is computed or
