@@ -331,3 +331,249 @@ def test_readme_hugging_face_example_runs(capsys):
   out = capsys.readouterr().out
   assert "remat_modules chose FlaxGPT2Block (2 regions" in out
   assert "policy save-attention" in out
+
+
+# ---------------------------------------------------------------- along the depth
+
+def variables_of(module, inputs):
+  """Abstract variables (params and batch_stats) of a linen module."""
+  return jax.eval_shape(lambda: module.init(jax.random.key(0), **inputs))
+
+
+def loss_of(module, inputs):
+  def loss(variables):
+    out = module.apply(variables, **inputs)
+    first = out[0] if isinstance(out, tuple) else next(iter(out.values()))
+    return jnp.mean(jnp.square(first))
+  return loss
+
+
+def region_count(loss, variables):
+  return _jaxpr.count_remat_regions(jax.make_jaxpr(loss)(variables).jaxpr)
+
+
+DEPTH_EXPECTED = {
+    "resnet": ("FlaxResNetBottleNeckLayer",
+               [f"encoder/stages/{s}/layers/{i}" for s in (0, 1)
+                for i in (0, 1)], None),
+    "regnet": ("FlaxRegNetYLayer",
+               [f"encoder/stages/{s}/layers/{i}" for s in (0, 1)
+                for i in (0, 1)], None),
+    "wav2vec2": ("FlaxWav2Vec2EncoderLayerStableLayerNorm",
+                 ["encoder/layers/0", "encoder/layers/1"], None),
+    "albert": ("FlaxAlbertLayerCollections",
+               ["encoder/albert_layer_groups/0"], (2,)),
+}
+
+
+@pytest.mark.usefixtures("hf_numpy_rules")
+@pytest.mark.parametrize("name", sorted(tp.DEPTH_BUILDERS))
+def test_hugging_face_depth_blocks_found(name):
+  m = tp.DEPTH_BUILDERS[name]()
+  block, regions, applications = DEPTH_EXPECTED[name]
+  auto = rt.remat_modules(m.module)
+  variables = variables_of(auto, m.inputs)
+  summary = rt.remat_summary(auto)
+  assert (summary.classes, list(summary.regions)) == ((block,), regions)
+  applied = applications or (1,) * len(regions)
+  assert summary.applications == applied
+  # JAX sees one remat region per application, and saves the same as the
+  # explicit rule naming the block.
+  assert region_count(loss_of(auto, m.inputs), variables) == sum(applied)
+  explicit = rt.remat_modules(m.module, {block: None})
+  with rt.use_policy("boundary-only"):
+    assert residuals(loss_of(auto, m.inputs), variables) == residuals(
+        loss_of(explicit, m.inputs), variables)
+
+
+@pytest.mark.usefixtures("hf_numpy_rules")
+def test_hugging_face_albert_summary_counts_applications():
+  m = tp.albert()
+  model = rt.remat_modules(m.module, {"FlaxAlbertLayer": None})
+  variables = variables_of(model, m.inputs)
+  summary = rt.remat_summary(model)
+  assert summary.regions == (
+      "encoder/albert_layer_groups/0/albert_layers/0",)
+  assert (summary.applications, summary.total_applications) == ((2,), 2)
+  assert region_count(loss_of(model, m.inputs), variables) == 2
+  assert "1 region module applied 2 times, so 2 regions per call" in str(
+      summary)
+
+
+@pytest.mark.usefixtures("hf_numpy_rules")
+def test_hugging_face_conv_feature_extractor_when_asked():
+  m = tp.wav2vec2()
+  model = rt.remat_modules(m.module,
+                           {"FlaxWav2Vec2LayerNormConvLayer": None})
+  variables_of(model, m.inputs)
+  assert rt.remat_summary(model).regions == (
+      "feature_extractor/conv_layers/0", "feature_extractor/conv_layers/1")
+
+
+class ResidualLayer(nn.Module):
+  """Conv, relu, conv, plus the input: a ResNet basic layer."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Conv(4, (3, 3), name="conv_0")(x)
+    return x + nn.Conv(4, (3, 3), name="conv_1")(jax.nn.relu(h))
+
+
+class Stage(nn.Module):
+  depth: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(self.depth):
+      x = ResidualLayer(name=f"layers_{i}")(x)
+    return x
+
+
+class ConvNet(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Conv(4, (3, 3), name="stem")(x)
+    for i in range(2):
+      x = Stage(name=f"stages_{i}")(x)
+    return jnp.mean(x, axis=(1, 2))
+
+
+class Expert(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(4)(jax.nn.relu(nn.Dense(8)(x)))
+
+
+class ExpertsBlock(nn.Module):
+  """Nothing but experts applied side by side: the block, not a stage."""
+
+  @nn.compact
+  def __call__(self, x):
+    return x + sum(Expert(name=f"experts_{j}")(x) for j in range(2))
+
+
+class MoEStack(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for i in range(2):
+      x = ExpertsBlock(name=f"layers_{i}")(x)
+    return x
+
+
+class SharedLayerModel(nn.Module):
+  """One layer module applied three times (ALBERT's pattern)."""
+
+  def setup(self):
+    self.embed = nn.Dense(4)
+    self.layer = Block()
+
+  def __call__(self, x):
+    x = self.embed(x)
+    for _ in range(3):
+      x = self.layer(x)
+    return x
+
+
+class ConvLayer(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.LayerNorm()(jax.nn.gelu(nn.Conv(4, (3,), strides=2)(x)))
+
+
+class SpeechModel(nn.Module):
+  """A convolutional feature extractor, then two dense layers (Wav2Vec2)."""
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(2):
+      x = ConvLayer(name=f"conv_layers_{i}")(x)
+    for i in range(2):
+      x = Block(name=f"layers_{i}")(x)
+    return x
+
+
+IMAGES = jnp.linspace(-1, 1, 2 * 8 * 8 * 4).reshape(2, 8, 8, 4)
+SOUND = jnp.linspace(-1, 1, 2 * 16 * 4).reshape(2, 16, 4)
+
+
+def boundaries(module, x):
+  """JAX's saved residuals under boundary-only, less the parameters and the
+  closed-over input: with a linear loss, the region inputs."""
+  variables = jax.eval_shape(module.init, jax.random.key(0), x)
+
+  def loss(v):
+    return jnp.sum(module.apply(v, x))
+  with rt.use_policy("boundary-only"):
+    return [r for r in residuals(loss, variables)
+            if r[2] not in ("argument", "constant")]
+
+
+def test_stages_of_residual_layers_give_the_layers(remat_mode):
+  model = rt.remat_modules(ConvNet())
+  found = boundaries(model, IMAGES)
+  summary = rt.remat_summary(model)
+  assert summary.regions == tuple(f"stages_{s}/layers_{i}" for s in (0, 1)
+                                  for i in (0, 1))
+  assert summary.classes == ("ResidualLayer",)
+  # One region input per layer; regions of whole stages save half as many.
+  assert found == [((2, 8, 8, 4), "float32", "output of add")] * 4
+  stages = rt.remat_modules(ConvNet(), {"Stage": None})
+  assert len(boundaries(stages, IMAGES)) == 2
+
+
+def test_experts_side_by_side_are_not_a_stage():
+  model = rt.remat_modules(MoEStack())
+  jax.eval_shape(model.init, jax.random.key(0), X)
+  assert rt.remat_summary(model).regions == ("layers_0", "layers_1")
+
+
+def test_shared_layer_applied_n_times_is_found(remat_mode):
+  model = rt.remat_modules(SharedLayerModel())
+  found = boundaries(model, X)
+  summary = rt.remat_summary(model)
+  assert (summary.classes, summary.regions) == (("Block",), ("layer",))
+  assert (summary.applications, summary.total_applications) == ((3,), 3)
+  assert str(summary) == ("remat_modules chose Block (1 region module "
+                          "applied 3 times, so 3 regions per call: layer)")
+  # The input of each application.
+  assert found == [((2, 4), "float32", "output of add")] * 3
+
+
+def test_conv_feature_extractor_only_when_asked(remat_mode):
+  model = rt.remat_modules(SpeechModel())
+  found = boundaries(model, SOUND)
+  assert rt.remat_summary(model).regions == ("layers_0", "layers_1")
+  assert found == boundaries(rt.remat_modules(SpeechModel(), {"Block": None}),
+                             SOUND)
+  asked = rt.remat_modules(SpeechModel(), {"ConvLayer": None, "Block": None})
+  # Each region's input, but the first: the closed-over input itself.
+  assert len(boundaries(asked, SOUND)) == 3
+  assert rt.remat_summary(asked).regions == (
+      "conv_layers_0", "conv_layers_1", "layers_0", "layers_1")
+
+
+class Embeddings(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.LayerNorm()(nn.Dense(4)(x))
+
+
+class Transformer(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.LayerNorm()(x)
+    h = nn.Dense(4, name="query")(h) * nn.Dense(4, name="key")(h)
+    return x + nn.Dense(4, name="out")(nn.Dense(8, name="mlp")(h))
+
+
+class Unrepeated(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return Transformer()(Embeddings()(x))
+
+
+def test_advice_names_the_likely_block_not_the_first_class():
+  model = rt.remat_modules(Unrepeated())
+  with pytest.warns(UserWarning, match=r"no repeated blocks in Unrepeated.*"
+                    r"\{'Transformer': None\}\) \(the likeliest block\)"):
+    jax.eval_shape(model.init, jax.random.key(0), X)

@@ -117,3 +117,56 @@ BUILDERS = {"gpt2": gpt2, "bert": bert, "t5": t5, "llama": llama}
 #: The block class of each model (what a user would otherwise have to know).
 BLOCK_CLASSES = {"gpt2": "FlaxGPT2Block", "bert": "FlaxBertLayer",
                  "t5": "FlaxT5LayerCollection", "llama": "FlaxLlamaDecoderLayer"}
+
+
+# Models whose repeated block is not the outermost stack of indexed modules:
+# ResNet / RegNet (stages of residual layers), Wav2Vec2 (a convolutional
+# feature extractor before the transformer layers), ALBERT (one layer module
+# applied num_hidden_layers times). Their variables include batch_stats, so
+# these builders give the module and its call's inputs only.
+
+def resnet() -> ThirdPartyModel:
+  config = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16],
+                                     depths=[2, 2], num_channels=3)
+  model = transformers.FlaxResNetModel(config, _do_init=False)
+  return ThirdPartyModel("resnet", model.module,
+                         {"pixel_values": jnp.ones((1, 32, 32, 3))})
+
+
+def regnet() -> ThirdPartyModel:
+  config = transformers.RegNetConfig(embedding_size=8, hidden_sizes=[8, 16],
+                                     depths=[2, 2], groups_width=8,
+                                     num_channels=3)
+  model = transformers.FlaxRegNetModel(config, _do_init=False)
+  return ThirdPartyModel("regnet", model.module,
+                         {"pixel_values": jnp.ones((1, 32, 32, 3))})
+
+
+def wav2vec2() -> ThirdPartyModel:
+  config = transformers.Wav2Vec2Config(
+      hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+      intermediate_size=32, conv_dim=(8, 8), conv_stride=(5, 2),
+      conv_kernel=(10, 3), num_conv_pos_embeddings=4,
+      num_conv_pos_embedding_groups=2, do_stable_layer_norm=True,
+      feat_extract_norm="layer")
+  model = transformers.FlaxWav2Vec2Model(config, _do_init=False)
+  return ThirdPartyModel("wav2vec2", model.module,
+                         {"input_values": jnp.ones((1, 400))})
+
+
+def albert() -> ThirdPartyModel:
+  config = transformers.AlbertConfig(
+      num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+      intermediate_size=64, embedding_size=16, vocab_size=VOCAB,
+      max_position_embeddings=SEQ)
+  model = transformers.FlaxAlbertModel(config, _do_init=False)
+  ids = _ids()
+  return ThirdPartyModel("albert", model.module, {
+      "input_ids": ids, "attention_mask": jnp.ones_like(ids),
+      "token_type_ids": jnp.zeros_like(ids),
+      "position_ids": jnp.broadcast_to(jnp.arange(SEQ), ids.shape)})
+
+
+#: Builders of the models above, by name.
+DEPTH_BUILDERS = {"resnet": resnet, "regnet": regnet, "wav2vec2": wav2vec2,
+                  "albert": albert}

@@ -136,6 +136,7 @@ class _LinenCall:
   seen: dict[str, str] = dataclasses.field(default_factory=dict)
   matched: set[str] = dataclasses.field(default_factory=set)
   regions: dict[str, str] = dataclasses.field(default_factory=dict)
+  applications: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 _linen_call: contextvars.ContextVar[_LinenCall | None] = contextvars.ContextVar(
@@ -173,6 +174,9 @@ def _linen_interceptor(rules: _Rules, tag_outputs: bool):
     if not hits:
       return next_fun(*args, **kwargs)
     state.regions.setdefault("/".join(path), class_name)
+    # A shared layer applied N times is one region module, N regions in JAX.
+    state.applications["/".join(path)] = (
+        state.applications.get("/".join(path), 0) + 1)
     return _open_region(state, module, path, hits[0][1], args, kwargs)
 
   return interceptor
@@ -219,27 +223,54 @@ def _linen_rules_active(rules: _Rules, model: _LinenModel) -> Iterator[None]:
     # this call tells nothing new about the regions.
     return
   model.summary = discovery.summarize(model.name, model.rules is None,
-                                      state.regions)
+                                      state.regions, state.applications)
   # Raised from the user's init/apply call: contextlib and the wrapper between.
   _report_unmatched(rules, state.matched, state.seen, model.strict,
                     stacklevel=6)
 
 
+@dataclasses.dataclass
+class _Recorded:
+  """What one abstract trace of a linen model saw of its modules."""
+
+  seen: dict[Path, str] = dataclasses.field(default_factory=dict)
+  flow: discovery.Flow = dataclasses.field(default_factory=discovery.Flow)
+  # The first output of each call, by id, and the module that made it first
+  # (a container returns its last layer's); the values are kept alive so
+  # that an id is not reused during the trace.
+  outputs: dict[int, tuple[Path, Any]] = dataclasses.field(
+      default_factory=dict)
+
+  def call(self, path: Path, args: Any, out: Any) -> None:
+    flow = self.flow
+    flow.calls[path] = flow.calls.get(path, 0) + 1
+    first = jax.tree_util.tree_leaves(args)[:1]
+    if first and id(first[0]) in self.outputs:
+      flow.fed_by.setdefault(path, set()).add(self.outputs[id(first[0])][0])
+    leaves = jax.tree_util.tree_leaves(out)[:1]
+    if leaves:
+      maker = self.outputs.setdefault(id(leaves[0]), (path, leaves[0]))[0]
+      if maker != path:
+        flow.returns[path] = maker
+
+
 def _record_linen(module: Any, entry: Any, args: tuple, kwargs: dict
-                  ) -> tuple[dict[Path, str], set[Path]]:
-  """Every module the entry call reaches, by path, from one abstract trace
+                  ) -> _Recorded:
+  """Every module the entry call reaches, by path, how many times its
+  ``__call__`` ran and what fed it, from one abstract trace
   (``jax.eval_shape``: nothing is computed or allocated)."""
   from flax import linen as nn
-  seen: dict[Path, str] = {}
-  called: set[Path] = set()
+  recorded = _Recorded()
 
   def recorder(next_fun, a, k, ctx):
-    if ctx.module.scope is not None:
-      path = tuple(str(p) for p in ctx.module.path)
-      seen.setdefault(path, type(ctx.module).__name__)
-      if ctx.method_name == "__call__":
-        called.add(path)
-    return next_fun(*a, **k)
+    if ctx.module.scope is None:
+      return next_fun(*a, **k)
+    path = tuple(str(p) for p in ctx.module.path)
+    recorded.seen.setdefault(path, type(ctx.module).__name__)
+    out = next_fun(*a, **k)
+    if ctx.method_name == "__call__":
+      recorded.call(path, a, out)
+    return out
 
   def trace() -> None:
     # The outputs may hold non-array values eval_shape cannot return.
@@ -259,7 +290,7 @@ def _record_linen(module: Any, entry: Any, args: tuple, kwargs: dict
     raise
   finally:
     _discovering.reset(token)
-  return seen, called
+  return recorded
 
 
 def _discover_linen(model: _LinenModel, module: Any, entry: Any, args: tuple,
@@ -272,12 +303,14 @@ def _discover_linen(model: _LinenModel, module: Any, entry: Any, args: tuple,
   except TypeError:
     key = id(key)
   if key not in model.found:
-    seen, called = _record_linen(module, entry, args, kwargs)
-    blocks = discovery.find_blocks(seen, called)
+    recorded = _record_linen(module, entry, args, kwargs)
+    blocks = discovery.find_blocks(recorded.seen, set(recorded.flow.calls),
+                                   recorded.flow)
     if not blocks:
       model.summary = RematSummary(model=model.name, auto=True)
       # Raised from the user's init/apply call: the wrapper is between.
-      discovery.report_no_blocks(model.name, seen, model.strict, stacklevel=4)
+      discovery.report_no_blocks(model.name, recorded.seen, model.strict,
+                                 stacklevel=4, calls=recorded.flow.calls)
     model.found[key] = _Rules(tuple(("/".join(p), None) for p in blocks),
                               exact=True) if blocks else None
   return model.found[key]
@@ -423,8 +456,13 @@ def remat_modules(model: Any, rules: Mapping[str, PolicyLike] | None = None, *,
   and are named by one stem and consecutive indices (``transformer/h/0``,
   ``transformer/h/1`` in Hugging Face GPT-2; ``layers_0``, ``Block_1`` in
   plain Flax; ``encoder/block/0`` and ``decoder/block/0`` in T5: both
-  stacks). Each becomes a region that reads the ambient policy (as the rule
-  ``None`` does), and :func:`remat_summary` says what was chosen. A linen
+  stacks). For linen, discovery follows the block that repeats along the
+  depth: the layers of a stack of stages (ResNet's
+  ``encoder/stages/0/layers/1``), not a convolutional feature extractor
+  before another stack (Wav2Vec2), and a shared layer applied N times
+  (ALBERT) when nothing else repeats. Each becomes a region that reads the
+  ambient policy (as the rule ``None`` does), and :func:`remat_summary` says
+  what was chosen, counting applications. A linen
   model's submodules are known only when it runs, so its blocks are found at
   its first ``init`` / ``init_with_output`` / ``apply`` (per ``method=``),
   from one extra abstract trace (``jax.eval_shape``: nothing is computed or

@@ -323,11 +323,19 @@ def _remat_summary_text(summary: RematSummary) -> str:
   headline = _summary_headline(summary)
   if headline is not None:
     return headline
-  count = len(summary.regions)
   return (f"remat_modules {_summary_verb(summary)} "
-          f"{', '.join(summary.classes)} ({count} "
-          f"region{'' if count == 1 else 's'}: "
+          f"{', '.join(summary.classes)} ({_summary_counts(summary)}: "
           f"{_abbreviate_regions(summary.regions)})")
+
+
+def _summary_counts(summary: RematSummary) -> str:
+  """``2 regions``; for a shared layer, modules and applications both:
+  ``1 region module applied 2 times, so 2 regions per call``."""
+  count, applied = len(summary.regions), summary.total_applications
+  if applied == count:
+    return f"{count} region{'' if count == 1 else 's'}"
+  return (f"{count} region module{'' if count == 1 else 's'} applied "
+          f"{applied} times, so {applied} regions per call")
 
 
 @to_html.register
@@ -336,7 +344,8 @@ def _remat_summary_html(summary: RematSummary) -> str:
   if headline is not None:
     return f"<p style='font-family:monospace'>{_html.escape(headline)}</p>"
   caption = (f"remat_modules {_summary_verb(summary)} "
-             f"{', '.join(summary.classes)} in {summary.model}")
+             f"{', '.join(summary.classes)} in {summary.model} "
+             f"({_summary_counts(summary)})")
   return fmt.html_table(("#", "region"), list(enumerate(summary.regions)),
                         caption=caption)
 
