@@ -103,6 +103,7 @@ class TracedProgram:
     self._root = _root_scope(closed.jaxpr)
     self._region_names = _region_name_sets(self.jaxpr.jaxpr, self._markers)
     self._own_regions: list[tuple[str, str]] | None = None
+    self._matmuls: _jaxpr.MatmulCounts | None = None
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, tuple[Any, int]] = {}
@@ -171,6 +172,15 @@ class TracedProgram:
   def ambient_names(self) -> frozenset[str]:
     """Checkpoint names inside the regions that read the ambient policy."""
     return frozenset().union(*self._region_names.values())
+
+  @property
+  def ambient_matmuls(self) -> _jaxpr.MatmulCounts:
+    """The matmul equations inside the regions that read the ambient policy."""
+    if self._matmuls is None:
+      self._matmuls = _jaxpr.count_region_matmuls(
+          self.jaxpr.jaxpr,
+          lambda eqn: compat.remat_policy_of(eqn) in self._markers)
+    return self._matmuls
 
   @property
   def own_policy_regions(self) -> list[tuple[str, str]]:
