@@ -183,6 +183,36 @@ def test_detected_features_are_the_measured_ones_for_this_release():
   assert is_class is expected["policy_classes"]
 
 
+#: Whether ``dots_saveable`` keeps a convolution output, per release, with
+#: ``jax_remat3`` (off, on). None: not yet measured on that release (the
+#: probe then decides, and this pin says nothing).
+DOTS_SAVEABLE_KEEPS_CONVS = {
+    "0.10": (True, False),
+    "0.11": None,
+    "0.12": (True, True),
+}
+
+
+def _conv_fn(w, x):
+  y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  return jnp.sum(jnp.sin(y))
+
+
+@pytest.mark.parametrize("remat3_on", [False, True], ids=["remat2", "remat3"])
+def test_dots_saveable_keeps_convs_is_what_jax_keeps(remat3_on):
+  w = jax.ShapeDtypeStruct((3, 3, 2, 2), jnp.float32)
+  x = jax.ShapeDtypeStruct((1, 4, 4, 2), jnp.float32)
+  with compat.remat3(remat3_on):
+    kept = [d for _, d in compat.saved_residuals(jax.checkpoint(
+        _conv_fn, policy=jax.checkpoint_policies.dots_saveable), w, x)]
+    detected = compat.dots_saveable_keeps_convs()
+  assert detected is any("conv_general_dilated" in d for d in kept)
+  measured = DOTS_SAVEABLE_KEEPS_CONVS.get(_release())
+  if measured is not None:
+    assert detected is measured[remat3_on]
+
+
 def test_declared_jax_range_covers_this_release():
   import importlib.metadata
   import re as re_

@@ -29,7 +29,7 @@ from typing import Any
 
 from remat_toolkit._src import resolve
 from remat_toolkit._src.findings import region_warnings
-from remat_toolkit._src.findings import unmatched_names_warning
+from remat_toolkit._src.findings import selection_warnings
 from remat_toolkit._src.findings import warn_once
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.report import Comparison
@@ -125,7 +125,7 @@ def compare(fn: Callable[..., Any], *args: Any,
   program = TracedProgram(fn, args)
   reports = {p.name: program.report(p, compile=compile) for p in runnable}
   found = region_warnings(program) + [
-      w for w in (unmatched_names_warning(program, p) for p in runnable) if w]
+      w for p in runnable for w in selection_warnings(program, p)]
   comparison = Comparison(
       reports=reports, skipped=skipped, regions=program.regions,
       warnings=tuple(dict.fromkeys(found)),

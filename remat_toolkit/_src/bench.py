@@ -410,9 +410,8 @@ def _policy_findings(workload: Workload, policies: Sequence[Policy]
   found = findings.region_warnings(program)
   silent = set()
   for policy in policies:
-    unmatched = findings.unmatched_names_warning(program, policy)
-    if unmatched:
-      found.append(unmatched)
+    found.extend(findings.selection_warnings(program, policy))
+    if findings.unmatched_names_warning(program, policy):
       silent.add(policy.name)
   return found, frozenset(silent)
 

@@ -306,6 +306,34 @@ def remat3_everything_keeps_unnamed() -> bool:
   return any(d.startswith("output of") for d in found)
 
 
+@functools.cache
+def _dots_saveable_keeps_convs(remat3_on: bool) -> bool:
+  def fn(w, x):
+    y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jax.numpy.sum(jax.numpy.sin(y))
+
+  w = jax.ShapeDtypeStruct((3, 3, 2, 2), jax.numpy.float32)
+  x = jax.ShapeDtypeStruct((1, 4, 4, 2), jax.numpy.float32)
+  counts = []
+  with remat3(remat3_on):
+    for policy in (jax.checkpoint_policies.dots_saveable,
+                   jax.checkpoint_policies.nothing_saveable):
+      counts.append(len(saved_residuals(jax.checkpoint(fn, policy=policy), w, x)))
+  return counts[0] > counts[1]
+
+
+def dots_saveable_keeps_convs() -> bool:
+  """Whether ``dots_saveable`` keeps a convolution's output in the active mode.
+
+  JAX documents ``dots_saveable`` as keeping ``dot_general`` and convolution
+  outputs; jax 0.10's remat3 keeps only ``dot_general`` ones, so on a conv
+  net it keeps nothing beyond the region inputs. Probed once per remat mode
+  on a tiny convolution.
+  """
+  return _dots_saveable_keeps_convs(remat3_enabled())
+
+
 def offloading_unsupported() -> bool:
   """Whether an offloading policy would silently do nothing right now.
 

@@ -4,8 +4,9 @@ A result whose figures are not the policy's own says so: in its
 ``warnings`` field, in its text and HTML, and once as a ``UserWarning``. The
 findings are worded here so that every entry point (analyze, compare,
 memory_breakdown, verify, plan, bench) says them alike: a function with no
-remat region, regions with a policy of their own, and a policy that keeps
-none of its names in this model.
+remat region, regions with a policy of their own, a policy that keeps
+none of its names in this model, and a matmul policy that passes over the
+model's matmuls (convolutions, batched einsums).
 
 Example:
   >>> from remat_toolkit._src import findings
@@ -24,19 +25,25 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
+from remat_toolkit._src import compat
 from remat_toolkit._src import region_keys
 from remat_toolkit._src.policy import Policy
 
 if TYPE_CHECKING:
   from remat_toolkit._src.trace import TracedProgram
 
-__all__ = ["KEEPS_NONE", "region_warnings", "unmatched_names_warning",
+__all__ = ["KEEPS_NONE", "KEEPS_ONLY_INPUTS", "region_warnings", "unmatched_names_warning",
+           "matmul_warning", "selection_warnings",
            "per_region_warnings", "policy_warnings", "own_policy_text", "warn_once",
            "quiet_warnings"]
 
 #: How a finding that a policy keeps none of its names starts, after
 #: ``policy 'name'`` (results look for it to mark such policies).
 KEEPS_NONE = "keeps none of its names in this model"
+
+#: How a finding that a matmul policy passes over every matmul of the model
+#: starts, after ``policy 'name'``.
+KEEPS_ONLY_INPUTS = "keeps nothing beyond the region inputs"
 
 _quiet: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "remat_toolkit_quiet_result_warnings", default=False)
@@ -142,6 +149,62 @@ def unmatched_names_warning(program: TracedProgram, policy: Any) -> str | None:
           "(remat_toolkit.list_policies()).")
 
 
+def _plural(count: int, word: str) -> str:
+  return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def matmul_warning(program: TracedProgram, policy: Any) -> str | None:
+  """Says so when a matmul policy passes over the matmuls the regions hold.
+
+  ``matmuls="all"`` lowers to ``dots_saveable``, which keeps no convolution
+  under jax 0.10's remat3 (probed, :func:`compat.dots_saveable_keeps_convs`);
+  ``"no-batch"`` / ``"offload-no-batch"`` keep only ``dot_general`` outputs
+  without batch dimensions, never a convolution nor a ``vmap``-ed or MoE
+  einsum. Counted on the regions that take the policy.
+  """
+  if (not isinstance(policy, Policy) or not program.regions
+      or policy.matmuls == "none"):
+    return None
+  found = program.ambient_matmuls
+  head = f"policy {policy.name!r} "
+  if policy.matmuls == "all":
+    if not found.convs or compat.dots_saveable_keeps_convs():
+      return None
+    dots = found.unbatched_dots + found.batched_dots
+    what = (f"{head}{KEEPS_ONLY_INPUTS}, as boundary-only does"
+            if not dots else
+            f"{head}keeps the outputs of its "
+            f"{_plural(dots, 'dot_general')} but drops every convolution's")
+    return (f"{what}: the regions that take it hold "
+            f"{_plural(found.convs, 'convolution')}, and JAX's dots_saveable "
+            "keeps no convolution output while jax_remat3 is on in this JAX. "
+            "Tag the convolution outputs with remat_toolkit.tag(x, name) and "
+            "keep them with a name policy, or turn remat3 off "
+            "(jax.config.update('jax_remat3', False)).")
+  if found.unbatched_dots or not (found.batched_dots or found.convs):
+    return None
+  held = " and ".join(
+      _plural(n, word) for n, word in (
+          (found.batched_dots, "batched dot_general"),
+          (found.convs, "convolution")) if n)
+  # save-matmuls is advice only where dots_saveable keeps one of them.
+  all_rule = found.batched_dots or compat.dots_saveable_keeps_convs()
+  return (f"{head}{KEEPS_ONLY_INPUTS}, as boundary-only does: "
+          f"the regions that take it hold only {held}, and the no-batch rule "
+          "(JAX's dots_with_no_batch_dims_saveable) keeps no convolution and "
+          "no matmul with a batch dimension (vmap, MoE or attention einsums). "
+          "Tag the tensors to keep with remat_toolkit.tag(x, name) and keep "
+          "them with a name policy"
+          + (", or use save-matmuls." if all_rule else "."))
+
+
+def selection_warnings(program: TracedProgram, policy: Any) -> list[str]:
+  """Why ``policy`` keeps less than it promises here: names it asks for that
+  the regions lack, matmuls of a kind its rule passes over."""
+  return [w for w in (unmatched_names_warning(program, policy),
+                      matmul_warning(program, policy)) if w]
+
+
 def per_region_warnings(program: TracedProgram, policy: Any) -> list[str]:
   """What a per-region policy leaves out in this model, and what it names
   that this model does not have."""
@@ -180,9 +243,7 @@ def policy_warnings(program: TracedProgram, policy: Any, *,
   found = []
   if asked or not (program.regions or program.own_policy_regions):
     found.extend(region_warnings(program, name))
-  unmatched = unmatched_names_warning(program, policy)
-  if unmatched:
-    found.append(unmatched)
+  found.extend(selection_warnings(program, policy))
   return found + per_region_warnings(program, policy)
 
 

@@ -334,6 +334,45 @@ def count_matmul_flops(jaxpr: Jaxpr, _counted: dict | None = None) -> int:
   return total
 
 
+@dataclasses.dataclass(frozen=True)
+class MatmulCounts:
+  """How many matmul equations of each kind a set of remat regions holds.
+
+  The kinds are those JAX's matmul policies tell apart: ``dots_saveable``
+  looks at ``dot_general`` and convolutions, ``dots_with_no_batch_dims_saveable``
+  only at ``dot_general`` equations without batch dimensions.
+  """
+
+  unbatched_dots: int = 0
+  batched_dots: int = 0
+  convs: int = 0
+
+
+def count_region_matmuls(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
+                         ) -> MatmulCounts:
+  """Matmul equations inside the remat regions ``in_region`` accepts.
+
+  A body shared by many regions (identical layers) is counted once: the
+  counts say which kinds are present, not how often they run.
+  """
+  seen: set[int] = set()
+  kinds = {"unbatched_dots": 0, "batched_dots": 0, "convs": 0}
+  for region in walk(jaxpr):
+    if not (compat.is_remat(region) and in_region(region)):
+      continue
+    body = compat.remat_body_of(region)
+    if id(body) in seen:
+      continue
+    seen.add(id(body))
+    for eqn in walk(body):
+      if eqn.primitive.name == "conv_general_dilated":
+        kinds["convs"] += 1
+      elif eqn.primitive.name == "dot_general":
+        (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+        kinds["batched_dots" if lhs_batch else "unbatched_dots"] += 1
+  return MatmulCounts(**kinds)
+
+
 # ---------------------------------------------------------------- rewrites
 
 def substitute_policy(jaxpr: Jaxpr, markers: Any,

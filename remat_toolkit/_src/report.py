@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remat_toolkit._src.findings import KEEPS_NONE
+from remat_toolkit._src.findings import KEEPS_ONLY_INPUTS
 from remat_toolkit._src.pareto import pareto_flags
 from remat_toolkit._src.rendered import Rendered
 
@@ -333,9 +334,11 @@ class Comparison(Rendered):
     return [w for _, w in reversed(ranked[-top:])]
 
   def silent_policies(self) -> frozenset[str]:
-    """Policies that keep none of their names in this model."""
+    """Policies that keep none of their names, or none of the model's
+    matmuls, in this model."""
     return frozenset(n for n, r in self.reports.items()
-                     if any(w.startswith(f"policy {n!r} {KEEPS_NONE}")
+                     if any(w.startswith((f"policy {n!r} {KEEPS_NONE}",
+                                          f"policy {n!r} {KEEPS_ONLY_INPUTS}"))
                             for w in r.warnings))
 
   def rows(self) -> list[dict[str, Any]]:

@@ -104,6 +104,7 @@ class TracedProgram:
     self._root = _root_scope(closed.jaxpr)
     self._region_names = _region_name_sets(self.jaxpr.jaxpr, self._markers)
     self._own_regions: list[tuple[str, str]] | None = None
+    self._matmuls: _jaxpr.MatmulCounts | None = None
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, tuple[Any, int]] = {}
@@ -178,6 +179,15 @@ class TracedProgram:
     """Regions reading the ambient policy that sit inside a region with a
     policy of its own (a model that remats itself), where the outer wins."""
     return _jaxpr.count_shadowed_regions(self.jaxpr.jaxpr, self._markers)
+
+  @property
+  def ambient_matmuls(self) -> _jaxpr.MatmulCounts:
+    """The matmul equations inside the regions that read the ambient policy."""
+    if self._matmuls is None:
+      self._matmuls = _jaxpr.count_region_matmuls(
+          self.jaxpr.jaxpr,
+          lambda eqn: compat.remat_policy_of(eqn) in self._markers)
+    return self._matmuls
 
   @property
   def own_policy_regions(self) -> list[tuple[str, str]]:
