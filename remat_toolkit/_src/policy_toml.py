@@ -45,6 +45,7 @@ _FIELDS: dict[str, str] = {
     "aliases": "a list of strings",
     "save": "a list of checkpoint names or glob patterns",
     "offload": "a list of checkpoint names or glob patterns",
+    "exclude": "a list of checkpoint names or glob patterns save/offload never select",
     "matmuls": f"one of {sorted(MATMUL_MODES)}",
     "offload_src": f"one of {list(MEMORY_KINDS)}",
     "offload_dst": f"one of {list(MEMORY_KINDS)}",
@@ -54,7 +55,7 @@ _FIELDS: dict[str, str] = {
 }
 _TYPES: dict[str, type] = {
     "name": str, "description": str, "aliases": list, "save": list,
-    "offload": list, "matmuls": str, "offload_src": str, "offload_dst": str,
+    "offload": list, "exclude": list, "matmuls": str, "offload_src": str, "offload_dst": str,
     "save_everything": bool, "regions": dict, "policies": list,
 }
 
@@ -158,6 +159,8 @@ def policy_toml(policy: Policy) -> str:
     lines.append(f"save = {_toml_list(policy.save)}")
   if policy.offload:
     lines.append(f"offload = {_toml_list(policy.offload)}")
+  if policy.exclude:
+    lines.append(f"exclude = {_toml_list(policy.exclude)}")
   if policy.matmuls != "none":
     lines.append(f"matmuls = {_toml_string(policy.matmuls)}")
   if policy.save_everything:
@@ -206,6 +209,7 @@ def policy_record(policy: Policy) -> dict[str, Any]:
                          {s.key: s for _, s in policy.regions}.values()]}
   return {"name": policy.name, "description": policy.description,
           "save": list(policy.save), "offload": list(policy.offload),
+          "exclude": list(policy.exclude),
           "matmuls": policy.matmuls, "save_everything": policy.save_everything,
           "offload_src": policy.offload_src, "offload_dst": policy.offload_dst}
 
