@@ -169,19 +169,21 @@ class Policy:
         raise ValueError(
             f"Policy.{field} must be one of {list(MEMORY_KINDS)}, got {value!r}.")
     if self.jax_policy is not None and (
-        self.save or self.offload or self.matmuls != "none"
+        self.save or self.offload or self.exclude or self.matmuls != "none"
         or self.save_everything):
       raise ValueError(
           f"Policy {self.name!r} wraps a JAX policy and also sets "
-          "save/offload/matmuls/save_everything; the JAX policy alone decides "
-          "what is kept, so leave those fields at their defaults.")
+          "save/offload/exclude/matmuls/save_everything; the JAX policy alone "
+          "decides what is kept, so leave those fields at their defaults.")
     object.__setattr__(self, "regions", _as_regions(self.name, self.regions))
-    if self.regions and (self.save or self.offload or self.matmuls != "none"
-                         or self.save_everything or self.jax_policy is not None):
+    if self.regions and (self.save or self.offload or self.exclude
+                         or self.matmuls != "none" or self.save_everything
+                         or self.jax_policy is not None):
       raise ValueError(
           f"Policy {self.name!r} assigns policies per region and also sets "
-          "save/offload/matmuls/save_everything/jax_policy; a per-region "
-          "policy decides through its regions alone, so leave those fields "
+          "save/offload/exclude/matmuls/save_everything/jax_policy; a "
+          "per-region policy decides through its regions alone, so leave "
+          "those fields "
           "at their defaults (or add a region pattern '*' for the rest).")
     if not isinstance(self.save_everything, bool):
       raise TypeError(

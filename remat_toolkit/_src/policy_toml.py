@@ -5,6 +5,10 @@ The catalogue reads built-in and user policy files with
 :func:`policy_toml`. Both know the same keys, so what one writes the other
 reads back equal.
 
+``exclude`` lists names or globs that ``save``/``offload`` never select, even
+where one of their globs matches (a squeeze-and-excitation gate named
+``attention`` is not attention).
+
 A per-region policy has a ``[regions]`` table (region key or glob -> policy
 name, in order) and may define the policies it names in ``[[policies]]``
 tables; names not defined there are looked up in the catalogue when the
