@@ -28,7 +28,7 @@ FIELD_ALIASES = {
     "full": "boundary-only",
     "minimal": "save-projections",
     "minimal_with_context": "save-projections-and-context",
-    "save_dot_with_context_except_mlp": "save-attention",
+    "save_dot_with_context_except_mlp": "maxtext-save-dot-with-context",
     "save_qkv_proj": "save-qkv",
     "save_out_proj": "save-out-proj",
     "save_dot_except_mlp": "maxtext-save-dot-except-mlp",

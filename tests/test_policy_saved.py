@@ -98,6 +98,7 @@ SAVED_NAMES = {
     "save-projections": QKV + OUT + FFN,
     "save-projections-and-context": QKV + CONTEXT + OUT + FFN,
     "maxtext-save-dot-except-mlp": QKV + OUT,
+    "maxtext-save-dot-with-context": QKV + CONTEXT + OUT,
     "maxtext-save-dot-except-mlpwi": QKV + OUT + DOWN,
     "praxis-save-qkv-out-proj": (
         "attn.qkv", "combined_qkv_proj", "attn.out", "out_proj"),

@@ -394,7 +394,8 @@ FIELD = {**{("maxtext", k): v for k, v in MAXTEXT.items()},
 S, W, F = 4, 8, 16
 _SHAPES = dict(qkv=(W, 3 * W), cqkv=(W, 3 * W), q=(W, W), kv=(W, 2 * W),
                k=(W, W), v=(W, W), o=(W, W), wi=(W, F), wi0=(W, F),
-               wi1=(W, F), wo=(F, W))
+               wi1=(W, F), wo=(F, W), qa=(W, W // 2), kva=(W, W // 2),
+               qb=(W // 2, W), ei0=(W, F), ei1=(W, F), eo=(F, W))
 _RNG = np.random.RandomState(3)
 PARAMS = {k: jnp.asarray(0.2 * _RNG.standard_normal(shape), jnp.float32)
           for k, shape in _SHAPES.items()}
@@ -418,6 +419,10 @@ def maxtext_block(x, p):
   kv = name(n @ p["kv"], "kv_proj")
   k = name(jnp.tanh(kv[:, :W]) @ p["k"], "key_proj")
   v = name(jnp.tanh(kv[:, W:]) @ p["v"], "value_proj")
+  # Multi-head latent attention: low-rank projections and their latents.
+  q_latent = name(_norm(name(n @ p["qa"], "query_wa_proj")), "mla_q")
+  kv_latent = name(_norm(name(n @ p["kva"], "kv_wa_proj")), "mla_kv")
+  q = q + jnp.tanh(q_latent) @ p["qb"] + jnp.tanh(kv_latent) @ p["qb"]
   probs = jax.nn.softmax(jnp.tanh(q) @ jnp.tanh(k).T, -1)
   context = name(probs @ jnp.tanh(v), "context")
   attention_out = name(jnp.tanh(context), "attention_out")
@@ -429,6 +434,12 @@ def maxtext_block(x, p):
   wi1 = name(f @ p["wi1"], "mlpwi_1")
   act = jax.nn.gelu(wi) + jax.nn.silu(wi0) * wi1
   wo = name(act @ p["wo"], "mlpwo")
+  # A mixture-of-experts layer names its expert matmuls twice, as MaxText's
+  # does: the dense name inside, the moe_ name outside.
+  e0 = name(name(f @ p["ei0"], "mlpwi_0"), "moe_mlpwi_0")
+  e1 = name(name(f @ p["ei1"], "mlpwi_1"), "moe_mlpwi_1")
+  eo = name(name((jax.nn.silu(e0) * e1) @ p["eo"], "mlpwo"), "moe_mlpwo")
+  wo = wo + eo
   return jnp.sum(jnp.sin(h + jnp.tanh(wo)))
 
 

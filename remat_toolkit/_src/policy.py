@@ -76,6 +76,10 @@ class Policy:
     save: checkpoint names or glob patterns kept in device memory (matched
       ignoring case; see :meth:`expand`).
     offload: checkpoint names or glob patterns moved to host memory.
+    exclude: checkpoint names or glob patterns that ``save``/``offload``
+      never select, even where one of their globs matches: a module path
+      that looks like attention but is not (a squeeze-and-excitation gate
+      named ``attention``) stays recomputed.
     matmuls: ``"none"``, ``"all"``, ``"no-batch"`` or ``"offload-no-batch"``;
       see :data:`MATMUL_MODES`. Cannot be combined with ``save``/``offload``,
       since no single JAX constructor expresses the union.
@@ -105,6 +109,7 @@ class Policy:
   description: str = ""
   save: tuple[str, ...] = ()
   offload: tuple[str, ...] = ()
+  exclude: tuple[str, ...] = ()
   matmuls: str = "none"
   offload_src: str = "device"
   offload_dst: str = "pinned_host"
@@ -152,6 +157,7 @@ class Policy:
           f"Policy.description must be a string, got {self.description!r}.")
     object.__setattr__(self, "save", _as_name_tuple("save", self.save))
     object.__setattr__(self, "offload", _as_name_tuple("offload", self.offload))
+    object.__setattr__(self, "exclude", _as_name_tuple("exclude", self.exclude))
     object.__setattr__(self, "aliases", _as_name_tuple("aliases", self.aliases))
     if not isinstance(self.matmuls, str) or self.matmuls not in MATMUL_MODES:
       raise ValueError(
@@ -163,19 +169,21 @@ class Policy:
         raise ValueError(
             f"Policy.{field} must be one of {list(MEMORY_KINDS)}, got {value!r}.")
     if self.jax_policy is not None and (
-        self.save or self.offload or self.matmuls != "none"
+        self.save or self.offload or self.exclude or self.matmuls != "none"
         or self.save_everything):
       raise ValueError(
           f"Policy {self.name!r} wraps a JAX policy and also sets "
-          "save/offload/matmuls/save_everything; the JAX policy alone decides "
-          "what is kept, so leave those fields at their defaults.")
+          "save/offload/exclude/matmuls/save_everything; the JAX policy alone "
+          "decides what is kept, so leave those fields at their defaults.")
     object.__setattr__(self, "regions", _as_regions(self.name, self.regions))
-    if self.regions and (self.save or self.offload or self.matmuls != "none"
-                         or self.save_everything or self.jax_policy is not None):
+    if self.regions and (self.save or self.offload or self.exclude
+                         or self.matmuls != "none" or self.save_everything
+                         or self.jax_policy is not None):
       raise ValueError(
           f"Policy {self.name!r} assigns policies per region and also sets "
-          "save/offload/matmuls/save_everything/jax_policy; a per-region "
-          "policy decides through its regions alone, so leave those fields "
+          "save/offload/exclude/matmuls/save_everything/jax_policy; a "
+          "per-region policy decides through its regions alone, so leave "
+          "those fields "
           "at their defaults (or add a region pattern '*' for the rest).")
     if not isinstance(self.save_everything, bool):
       raise TypeError(
@@ -269,11 +277,14 @@ class Policy:
       ``(saved, offloaded)`` sets of concrete names.
     """
     pool = tags.known_names() if names is None else frozenset(names)
-    return _expand(self.save, pool), _expand(self.offload, pool)
+    return (_expand(self.save, pool, self.exclude),
+            _expand(self.offload, pool, self.exclude))
 
   def matches(self, name: str) -> bool:
     """Whether checkpoint name ``name`` is selected by ``save`` or ``offload``
     (ignoring case, as :meth:`expand` does)."""
+    if any(_name_matches(name, p) for p in self.exclude):
+      return False
     return any(_name_matches(name, p) for p in self.patterns)
 
   def lowering(self, names: Iterable[str] | None = None,
@@ -473,13 +484,15 @@ def _name_matches(name: str, pattern: str) -> bool:
   return name.lower() == pattern.lower()
 
 
-def _expand(patterns: tuple[str, ...], pool: frozenset[str]) -> frozenset[str]:
+def _expand(patterns: tuple[str, ...], pool: frozenset[str],
+            exclude: tuple[str, ...] = ()) -> frozenset[str]:
   out: set[str] = set()
   for p in patterns:
     if not _is_pattern(p):
       out.add(p)  # kept as written even when absent, as JAX would
     out.update(n for n in pool if _name_matches(n, p))
-  return frozenset(out)
+  return frozenset(n for n in out
+                   if not any(_name_matches(n, e) for e in exclude))
 
 
 @dataclasses.dataclass(frozen=True)

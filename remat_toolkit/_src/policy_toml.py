@@ -5,6 +5,10 @@ The catalogue reads built-in and user policy files with
 :func:`policy_toml`. Both know the same keys, so what one writes the other
 reads back equal.
 
+``exclude`` lists names or globs that ``save``/``offload`` never select, even
+where one of their globs matches (a squeeze-and-excitation gate named
+``attention`` is not attention).
+
 A per-region policy has a ``[regions]`` table (region key or glob -> policy
 name, in order) and may define the policies it names in ``[[policies]]``
 tables; names not defined there are looked up in the catalogue when the
@@ -45,6 +49,7 @@ _FIELDS: dict[str, str] = {
     "aliases": "a list of strings",
     "save": "a list of checkpoint names or glob patterns",
     "offload": "a list of checkpoint names or glob patterns",
+    "exclude": "a list of checkpoint names or glob patterns save/offload never select",
     "matmuls": f"one of {sorted(MATMUL_MODES)}",
     "offload_src": f"one of {list(MEMORY_KINDS)}",
     "offload_dst": f"one of {list(MEMORY_KINDS)}",
@@ -54,7 +59,7 @@ _FIELDS: dict[str, str] = {
 }
 _TYPES: dict[str, type] = {
     "name": str, "description": str, "aliases": list, "save": list,
-    "offload": list, "matmuls": str, "offload_src": str, "offload_dst": str,
+    "offload": list, "exclude": list, "matmuls": str, "offload_src": str, "offload_dst": str,
     "save_everything": bool, "regions": dict, "policies": list,
 }
 
@@ -158,6 +163,8 @@ def policy_toml(policy: Policy) -> str:
     lines.append(f"save = {_toml_list(policy.save)}")
   if policy.offload:
     lines.append(f"offload = {_toml_list(policy.offload)}")
+  if policy.exclude:
+    lines.append(f"exclude = {_toml_list(policy.exclude)}")
   if policy.matmuls != "none":
     lines.append(f"matmuls = {_toml_string(policy.matmuls)}")
   if policy.save_everything:
@@ -206,6 +213,7 @@ def policy_record(policy: Policy) -> dict[str, Any]:
                          {s.key: s for _, s in policy.regions}.values()]}
   return {"name": policy.name, "description": policy.description,
           "save": list(policy.save), "offload": list(policy.offload),
+          "exclude": list(policy.exclude),
           "matmuls": policy.matmuls, "save_everything": policy.save_everything,
           "offload_src": policy.offload_src, "offload_dst": policy.offload_dst}
 

@@ -57,6 +57,16 @@ MAXTEXT_NAMES: tuple[str, ...] = (
     "mlpwi_0",
     "mlpwi_1",
     "mlpwo",
+    # Mixture of experts: stacked on the dense names (mlpwi_0, ..., mlpwo).
+    "moe_mlpwi_0",
+    "moe_mlpwi_1",
+    "moe_mlpwo",
+    # Multi-head latent attention: the low-rank q and kv projections, and
+    # the normalised latents.
+    "query_wa_proj",
+    "kv_wa_proj",
+    "mla_q",
+    "mla_kv",
 )
 
 _seen_lock = threading.Lock()
