@@ -645,12 +645,6 @@ def two_block_losses(how):
   return loss, params, rest
 
 
-def saved_activation_bytes(loss, *args):
-  return sum(int(np.prod(aval.shape)) * aval.dtype.itemsize
-             for aval, desc in compat.saved_residuals(loss, *args)
-             if not desc.startswith(("from the argument", "from a constant")))
-
-
 @pytest.mark.parametrize("how, blocks", [
     ("named", ["blocks/0", "blocks/1"]), ("rules", ["blocks/0", "blocks/1"]),
     # Without the model at hand a region names its module by its class.
@@ -659,8 +653,8 @@ def test_nnx_residuals_carry_module_paths(remat_mode, how, blocks):
   loss, params, rest = two_block_losses(how)
   with rt.use_policy("save-matmuls"):
     report = rt.analyze(loss, params, rest, policy="save-matmuls")
-    assert report.activation_bytes == saved_activation_bytes(
-        loss, params, rest)
+    assert report.activation_bytes == shared_helpers.jax_activation_bytes(
+        loss, (params, rest), "save-matmuls")
     # Names are metadata: what is saved and the values are those of no names.
     plain = two_block_losses("unnamed" if how != "unnamed" else "named")
     assert residuals(loss, params, rest) == residuals(*plain)
