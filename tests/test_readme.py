@@ -1,4 +1,4 @@
-"""The README's first example runs as printed."""
+"""The README's Python examples run as printed."""
 
 import re
 from pathlib import Path
@@ -6,21 +6,22 @@ from pathlib import Path
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_five_minute_example_runs(capsys):
+def _run_first_block_after(heading, capsys):
+  """Runs the first Python block after ``heading``; returns what it printed."""
   text = README.read_text(encoding="utf-8")
-  section = text[text.index("## In five minutes"):]
+  section = text[text.index(heading):]
   code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
   exec(compile(code, "README.md", "exec"), {})
-  out = capsys.readouterr().out
+  return capsys.readouterr().out
+
+
+def test_five_minute_example_runs(capsys):
+  out = _run_first_block_after("## In five minutes", capsys)
   assert "policy save-ffn" in out and "ffn.up" in out
   assert "boundary-only" in out and "save-everything" in out
 
 
 def test_models_that_remat_themselves_example_runs(capsys):
-  text = README.read_text(encoding="utf-8")
-  section = text[text.index("### Models that remat themselves"):]
-  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-  exec(compile(code, "README.md", "exec"), {})
-  out = capsys.readouterr().out
+  out = _run_first_block_after("### Models that remat themselves", capsys)
   assert "boundary-only" in out and "save-ffn" in out and "save-everything" in out
   assert "no remat region" not in out and "4 remat regions" in out

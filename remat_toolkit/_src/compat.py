@@ -241,14 +241,18 @@ def policy_marker(label: str) -> Any:
       f"__remat_toolkit_{label}_{os.urandom(6).hex()}__")
 
 
+def _probe(fn: Callable, avals: tuple[Any, ...], policy: Any) -> list[str]:
+  """JAX's residual descriptions for ``fn`` checkpointed with ``policy``."""
+  return [d for _, d in saved_residuals(jax.checkpoint(fn, policy=policy), *avals)]
+
+
 def _probe_residuals(policy: Any) -> list[str]:
   """JAX's residual descriptions for a tiny function with one named value."""
   def fn(x):
     a = jax.ad_checkpoint.checkpoint_name(jax.numpy.sin(x), "a")
     return jax.numpy.sum(jax.numpy.cos(a))
 
-  x = jax.ShapeDtypeStruct((3,), jax.numpy.float32)
-  return [d for _, d in saved_residuals(jax.checkpoint(fn, policy=policy), x)]
+  return _probe(fn, (jax.ShapeDtypeStruct((3,), jax.numpy.float32),), policy)
 
 
 def _probe_saved(policy: Any) -> int:
@@ -313,14 +317,13 @@ def _dots_saveable_keeps_convs(remat3_on: bool) -> bool:
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
     return jax.numpy.sum(jax.numpy.sin(y))
 
-  w = jax.ShapeDtypeStruct((3, 3, 2, 2), jax.numpy.float32)
-  x = jax.ShapeDtypeStruct((1, 4, 4, 2), jax.numpy.float32)
-  counts = []
+  avals = (jax.ShapeDtypeStruct((3, 3, 2, 2), jax.numpy.float32),
+           jax.ShapeDtypeStruct((1, 4, 4, 2), jax.numpy.float32))
   with remat3(remat3_on):
-    for policy in (jax.checkpoint_policies.dots_saveable,
-                   jax.checkpoint_policies.nothing_saveable):
-      counts.append(len(saved_residuals(jax.checkpoint(fn, policy=policy), w, x)))
-  return counts[0] > counts[1]
+    dots, nothing = (len(_probe(fn, avals, p)) for p in (
+        jax.checkpoint_policies.dots_saveable,
+        jax.checkpoint_policies.nothing_saveable))
+  return dots > nothing
 
 
 def dots_saveable_keeps_convs() -> bool:
