@@ -36,7 +36,8 @@ __all__ = [
     "Jaxpr", "ClosedJaxpr", "JaxprEqn", "Var", "Literal", "DropVar",
     "name_p", "remat_p", "close_jaxpr", "jaxpr_consts", "eval_jaxpr",
     "dce_jaxpr", "saved_residuals", "remat3_enabled", "remat3",
-    "has_remat3_flag", "remat3_calls_policies", "remat3_offloads",
+    "has_remat3_flag", "has_custom_vjp3_flag", "custom_vjp3_enabled",
+    "is_cudnn_unavailable", "remat3_calls_policies", "remat3_offloads",
     "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported",
     "offloading_refusal", "jax_policy_offloads",
     "jax_policy", "policy_marker", "checkpoint_name_of",
@@ -119,6 +120,21 @@ def has_remat3_flag() -> bool:
 def remat3_enabled() -> bool:
   """Whether ``jax_remat3`` (the incoming remat implementation) is on."""
   return has_remat3_flag() and bool(jax.config.jax_remat3)
+
+
+def has_custom_vjp3_flag() -> bool:
+  """Whether this JAX has ``jax_custom_vjp3``, which lets remat3 see into a custom_vjp."""
+  return hasattr(jax.config, "jax_custom_vjp3")
+
+
+def custom_vjp3_enabled() -> bool:
+  """Whether ``jax_custom_vjp3`` is on (remat3 policies then see inside kernels)."""
+  return has_custom_vjp3_flag() and bool(jax.config.jax_custom_vjp3)
+
+
+def is_cudnn_unavailable(err: BaseException) -> bool:
+  """Whether ``err`` is JAX refusing a cuDNN kernel because no GPU is present."""
+  return isinstance(err, RuntimeError) and "cuDNN is not detected" in str(err)
 
 
 @contextlib.contextmanager

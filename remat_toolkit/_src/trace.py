@@ -44,6 +44,11 @@ from remat_toolkit._src.resolve import SAVE_EVERYTHING
 
 __all__ = ["TracedProgram", "cpu_scheduler_setting"]
 
+_CUDNN_REFUSAL = (
+    "the model calls a cuDNN kernel (jax.nn.dot_product_attention with "
+    "implementation='cudnn'), which JAX cannot trace without a GPU; analyse it "
+    "with implementation='xla' (or None), or run the analysis on a GPU.")
+
 
 class TracedProgram:
   """A loss function traced once, analysable under any policy.
@@ -113,7 +118,12 @@ class TracedProgram:
   def _trace(self, flat_fn):
     with lowering.substitute_ambient(self._markers), _sharding.tracing(
         self._layout):
-      return _jaxpr.trace_program(flat_fn, self._leaves)
+      try:
+        return _jaxpr.trace_program(flat_fn, self._leaves)
+      except RuntimeError as err:
+        if compat.is_cudnn_unavailable(err):
+          raise ValueError(_CUDNN_REFUSAL) from err
+        raise
 
   @property
   def layout(self) -> _sharding.Layout:
