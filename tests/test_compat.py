@@ -561,3 +561,27 @@ def test_use_policy_and_markers_enter_the_jit_key():
     assert dict(compat.trace_key())["ambient"] == policy
     with lowering.substitute_ambient(marker):
       assert dict(compat.trace_key())["substitute"] is marker
+
+
+#: Whether the release has ``jax_custom_vjp3`` (remat3 policies see inside a
+#: custom_vjp only with it on). None: not yet measured on that release.
+HAS_CUSTOM_VJP3 = {"0.10": True, "0.11": None, "0.12": True}
+
+
+def test_custom_vjp3_flag_is_detected_per_release():
+  measured = HAS_CUSTOM_VJP3.get(_release())
+  if measured is not None:
+    assert compat.has_custom_vjp3_flag() is measured
+  if compat.has_custom_vjp3_flag():
+    assert compat.custom_vjp3_enabled() is bool(jax.config.jax_custom_vjp3)
+
+
+@pytest.mark.skipif(any(d.platform == "gpu" for d in jax.devices()),
+                    reason="a GPU traces cuDNN attention")
+def test_cudnn_refusal_without_a_gpu_is_recognised():
+  q = jax.ShapeDtypeStruct((1, 8, 2, 16), jnp.bfloat16)
+  with pytest.raises(RuntimeError) as caught:
+    jax.make_jaxpr(lambda x: jax.nn.dot_product_attention(
+        x, x, x, implementation="cudnn"))(q)
+  assert compat.is_cudnn_unavailable(caught.value)
+  assert not compat.is_cudnn_unavailable(RuntimeError("other"))
