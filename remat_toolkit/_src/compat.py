@@ -123,12 +123,17 @@ def remat3_enabled() -> bool:
 
 
 def has_custom_vjp3_flag() -> bool:
-  """Whether this JAX has ``jax_custom_vjp3``, which lets remat3 see into a custom_vjp."""
+  """Whether this JAX has ``jax_custom_vjp3``.
+
+  With it on, jax 0.12's remat3 sees inside a ``custom_vjp`` forward rule
+  (names there are honoured); jax 0.10's remat3 still treats the kernel as
+  opaque (pinned in the tests).
+  """
   return hasattr(jax.config, "jax_custom_vjp3")
 
 
 def custom_vjp3_enabled() -> bool:
-  """Whether ``jax_custom_vjp3`` is on (remat3 policies then see inside kernels)."""
+  """Whether ``jax_custom_vjp3`` is on (see :func:`has_custom_vjp3_flag`)."""
   return has_custom_vjp3_flag() and bool(jax.config.jax_custom_vjp3)
 
 
