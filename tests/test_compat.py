@@ -283,6 +283,19 @@ def test_is_remat_and_remat_body_of(remat_mode):
   assert not any(compat.is_remat(e) for e in plain.eqns)
 
 
+def test_scan_inputs_and_outputs_are_split_as_jax_lays_them_out():
+  def f(w, b, x):
+    def body(c, wi):
+      return jnp.sin(c @ wi + b[None, :]), c
+    return jax.lax.scan(body, x, w)
+
+  eqn = jax.make_jaxpr(f)(jnp.ones((3, 4, 4)), jnp.ones(4), X).jaxpr.eqns[-1]
+  assert compat.is_scan(eqn)
+  # Inputs: (b), (x), (w); outputs: (carry), (stacked c).
+  assert compat.scan_num_consts(eqn) == 1
+  assert compat.scan_num_carry(eqn) == 1
+
+
 def test_remat_policy_of_returns_the_policy_given(remat_mode):
   policy = cp.save_only_these_names("a")
   _, eqn = _remat_eqn(policy, remat_mode)

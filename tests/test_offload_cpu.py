@@ -26,6 +26,8 @@ SAVING_TWIN = {
     "maxtext-qkv-proj-offloaded": "save-qkv",  # the built-in has no fused qkv
     "offload-projections": "save-projections",
     "offload-matmuls-no-batch": "save-matmuls-no-batch",
+    # Each region's input, which every region keeps on the device anyway.
+    "offload-boundaries": "boundary-only",
 }
 OFFLOADING = sorted(SAVING_TWIN)
 CONFIG = models.get_config("tiny", num_layers=2, d_model=16, num_heads=2,

@@ -112,6 +112,10 @@ SAVED_NAMES = {
         "attention_out", "mlpwi", "mlpwi_0", "mlpwi_1", "mlpwo"),
 }
 
+# MaxText's decoder_layer_input=offload, and the name every region gives
+# its inputs under it.
+OFFLOAD_BOUNDARIES = ("block.input", "decoder_layer_input")
+
 HAND_WRITTEN = {
     "boundary-only": cp.nothing_saveable,
     "save-everything": cp.everything_saveable,
@@ -137,11 +141,16 @@ HAND_WRITTEN = {
         offload_src="device", offload_dst="pinned_host"),
     "offload-matmuls-no-batch": cp.offload_dot_with_no_batch_dims(
         "device", "pinned_host"),
+    "offload-boundaries": cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=list(OFFLOAD_BOUNDARIES),
+        offload_src="device", offload_dst="pinned_host"),
 }
 OFFLOADED_NAMES = {"offload-attention": OFFLOAD_ATTENTION,
                    "offload-projections": OFFLOAD_PROJECTIONS,
                    "offload-qkv": OFFLOAD_QKV,
-                   "maxtext-qkv-proj-offloaded": OFFLOAD_MAXTEXT_QKV}
+                   "maxtext-qkv-proj-offloaded": OFFLOAD_MAXTEXT_QKV,
+                   "offload-boundaries": OFFLOAD_BOUNDARIES}
 OFFLOADING = sorted([*OFFLOADED_NAMES, "offload-matmuls-no-batch"])
 SAVING = sorted(set(HAND_WRITTEN) - set(OFFLOADING))
 NAME_LISTS = sorted(SAVED_NAMES)

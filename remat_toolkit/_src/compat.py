@@ -528,6 +528,19 @@ def scan_num_carry(eqn: JaxprEqn) -> int:
   return len(list(carry))
 
 
+def scan_num_consts(eqn: JaxprEqn) -> int:
+  """How many of a ``scan`` equation's inputs are loop constants (the
+  carries and the scanned inputs follow them).
+
+  jax 0.10 stores ``num_consts``; from 0.11 the layout is a flat tree
+  ``ft_in`` of (constants, carries, scanned inputs).
+  """
+  if "num_consts" in eqn.params:
+    return int(eqn.params["num_consts"])
+  consts, _, _ = eqn.params["ft_in"].update(list(range(len(eqn.invars)))).unpack()
+  return len(list(consts))
+
+
 def inner_jaxpr(value: Any) -> Jaxpr:
   """The open jaxpr of a jaxpr-valued equation parameter."""
   return value.jaxpr if isinstance(value, ClosedJaxpr) else value

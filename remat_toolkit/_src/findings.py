@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from remat_toolkit._src import compat
+from remat_toolkit._src import region_inputs
 from remat_toolkit._src import region_keys
 from remat_toolkit._src.policy import Policy
 
@@ -134,8 +135,8 @@ def unmatched_names_warning(program: TracedProgram, policy: Any) -> str | None:
   """
   if (not isinstance(policy, Policy) or not program.regions
       or policy.save_everything or policy.matmuls != "none"
-      or not policy.patterns):
-    return None
+      or not policy.patterns or region_inputs.selects_inputs(policy)):
+    return None  # a policy offloading block.input names the inputs itself
   present = sorted(program.ambient_names)
   if any(policy.matches(n) for n in present):
     return None

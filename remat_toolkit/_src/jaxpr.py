@@ -160,6 +160,34 @@ def trace_program(fn: Callable, leaves: list[Any]) -> tuple[Any, Any]:
   return jax.make_jaxpr(fn, return_shape=True)(*leaves)
 
 
+def argument_vars(jaxpr: Jaxpr) -> set[Any]:
+  """The variables, at any depth, that hold an argument or constant of
+  ``jaxpr`` as it was passed in: its own inputs, and the inputs of nested
+  jaxprs that receive one unchanged (a scan's constants and one slice of a
+  scanned argument per step included; its carries are computed).
+
+  A variable of a body shared by several equations counts if any of them
+  passes it an argument.
+  """
+  found: set[Any] = set(jaxpr.invars) | set(jaxpr.constvars)
+
+  def visit(j: Jaxpr) -> None:
+    for eqn in j.eqns:
+      passed = [is_jaxpr_var(a) and a in found for a in eqn.invars]
+      if compat.is_scan(eqn):
+        consts = compat.scan_num_consts(eqn)
+        carries = compat.scan_num_carry(eqn)
+        passed = [p and not consts <= i < consts + carries
+                  for i, p in enumerate(passed)]
+      for sub in sub_jaxprs(eqn):
+        if len(sub.invars) == len(passed):
+          found.update(v for v, p in zip(sub.invars, passed, strict=True) if p)
+        visit(sub)
+
+  visit(jaxpr)
+  return found
+
+
 def names_in(jaxpr: Jaxpr) -> frozenset[str]:
   """Every checkpoint name in ``jaxpr`` and the jaxprs nested in it."""
   return frozenset(n for n in map(compat.checkpoint_name_of, walk(jaxpr))
@@ -376,11 +404,14 @@ def count_region_matmuls(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
 # ---------------------------------------------------------------- rewrites
 
 def substitute_policy(jaxpr: Jaxpr, markers: Any,
-                      choose: Callable[[Any, frozenset[str]], Any]) -> Jaxpr:
+                      choose: Callable[[Any, frozenset[str]], Any],
+                      body_for: Callable[[Any, Jaxpr], Jaxpr] | None = None
+                      ) -> Jaxpr:
   """Replaces the policy of every remat region whose policy is ``in markers``.
 
   ``choose(marker, names_in_region)`` gives the JAX policy for each such
-  region. The rest of the program is shared, not re-traced.
+  region, and ``body_for(marker, body)`` (if given) its body. The rest of
+  the program is shared, not re-traced.
   """
   names: dict[int, frozenset[str]] = {}  # shared bodies are read once
 
@@ -390,8 +421,10 @@ def substitute_policy(jaxpr: Jaxpr, markers: Any,
       body = compat.remat_body_of(eqn)
       if id(body) not in names:
         names[id(body)] = names_in(body)
-      return compat.with_remat(eqn, recurse(body),
-                               choose(policy, names[id(body)]))
+      new_body = recurse(body)
+      if body_for is not None:
+        new_body = body_for(policy, new_body)
+      return compat.with_remat(eqn, new_body, choose(policy, names[id(body)]))
     return None
 
   return rewrite(jaxpr, on_eqn)
@@ -499,7 +532,7 @@ def share_identical_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
   """
   if compat.remat3_enabled():
     return jaxpr  # remat3 re-traces regions itself; sharing buys nothing.
-  shared: dict[str, Jaxpr] = {}
+  shared: dict[Any, Jaxpr] = {}
 
   def on_eqn(eqn, recurse):
     if (eqn.primitive is compat.remat_p
@@ -511,22 +544,41 @@ def share_identical_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
   return rewrite(jaxpr, on_eqn)
 
 
-def _share_body(eqn: JaxprEqn, shared: dict[str, Jaxpr]) -> JaxprEqn:
+def _share_body(eqn: JaxprEqn, shared: dict[Any, Jaxpr]) -> JaxprEqn:
   body = compat.remat_body_of(eqn)
   prefix = _common_scopes(body)
   if prefix:
-    body = body.replace(eqns=[compat.drop_leading_scopes(e, len(prefix))
-                              for e in body.eqns])
-  canonical = shared.setdefault(str(body), body)
+    body = body.replace(eqns=[
+        compat.drop_leading_scopes(e, min(len(prefix),
+                                          len(compat.leading_scopes(e))))
+        for e in body.eqns])
+  # A jaxpr's text leaves out its name stacks: two bodies are one only if
+  # every equation also sits in the same module below the region.
+  key = (str(body), tuple(compat.leading_scopes(e) for e in body.eqns))
+  canonical = shared.setdefault(key, body)
   moved = compat.prefix_scopes(eqn, prefix)
   return compat.with_remat(moved, canonical, compat.remat_policy_of(eqn))
 
 
 def _common_scopes(body: Jaxpr) -> tuple[Any, ...]:
-  """The leading name-stack scopes every equation of ``body`` shares."""
+  """The leading module scopes of ``body``: the region's own module.
+
+  An equation whose whole name stack lies above the others' (a region's
+  input named before the module's scope is entered) sits at the region's
+  root, so it does not shorten the prefix.
+  """
   stacks = [compat.leading_scopes(e) for e in body.eqns]
-  if not stacks:
-    return ()
+  deep = [s for s in stacks
+          if not any(len(o) > len(s) and o[:len(s)] == s for o in stacks)]
+  prefix = _shared_prefix(deep)
+  for s in stacks:
+    if prefix[:len(s)] != s:
+      prefix = _shared_prefix([prefix, s])
+  return prefix
+
+
+def _shared_prefix(stacks: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+  """The leading scope items all of ``stacks`` share."""
   prefix = []
   for items in zip(*stacks, strict=False):  # up to the shortest
     first = items[0]

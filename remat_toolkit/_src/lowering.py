@@ -35,8 +35,8 @@ from remat_toolkit._src import resolve
 from remat_toolkit._src.resolve import PolicyLike
 
 __all__ = ["region_jax_policy", "substitute_ambient", "ambient_substituted",
-           "RegionMarkers", "warn_if_unmatched", "silence_unmatched_warnings",
-           "reset_unmatched_warnings"]
+           "RegionMarkers", "warn_if_unmatched",
+           "silence_unmatched_warnings", "reset_unmatched_warnings"]
 
 _substitute: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "remat_toolkit_ambient_substitute", default=None)
@@ -63,6 +63,7 @@ class RegionMarkers:
   def __init__(self):
     self._by_key: dict[str, Any] = {}
     self._keys: dict[int, str] = {}
+    self._inputs: dict[str, tuple[bool, ...]] = {}
 
   def marker(self, key: str) -> Any:
     """The marker of region ``key`` (made on first use)."""
@@ -80,9 +81,19 @@ class RegionMarkers:
     """The region key a marker stands for."""
     return self._keys[id(policy)]
 
+  def note_inputs(self, key: str, mask: tuple[bool, ...]) -> None:
+    """Records which inputs region ``key`` names when its policy moves them
+    (:mod:`~remat_toolkit._src.region_inputs`)."""
+    self._inputs[key] = mask
+
+  def inputs_of(self, key: str) -> tuple[bool, ...] | None:
+    """What :meth:`note_inputs` recorded for ``key``, if anything."""
+    return self._inputs.get(key)
+
 
 def region_jax_policy(policy: PolicyLike, names: Iterable[str] | None = None,
-                      region: str | None = None) -> Any:
+                      region: str | None = None,
+                      inputs: tuple[bool, ...] | None = None) -> Any:
   """The JAX policy object for one remat region, decided at trace time.
 
   Args:
@@ -93,6 +104,9 @@ def region_jax_policy(policy: PolicyLike, names: Iterable[str] | None = None,
       against (default: every name known).
     region: the region's key (:func:`region_keys.region_key`); default: the
       next position, as for a region of a plain function.
+    inputs: which of the region's inputs it names when its policy moves
+      them (:func:`~remat_toolkit._src.region_inputs.input_mask`), recorded
+      with the analyzer's marker.
 
   Returns:
     An object accepted by ``jax.checkpoint(policy=...)``.
@@ -101,6 +115,8 @@ def region_jax_policy(policy: PolicyLike, names: Iterable[str] | None = None,
   substitute = _substitute.get()
   if policy is None and substitute is not None:
     if isinstance(substitute, RegionMarkers):
+      if inputs is not None:
+        substitute.note_inputs(key, inputs)
       return substitute.marker(key)
     return substitute
   resolved = resolve.resolve_policy(policy)

@@ -72,6 +72,7 @@ from typing import Any
 
 from remat_toolkit._src import catalog
 from remat_toolkit._src import compat
+from remat_toolkit._src import region_inputs
 from remat_toolkit._src import resolve
 from remat_toolkit._src.findings import region_warnings
 from remat_toolkit._src.findings import warn_once
@@ -197,7 +198,9 @@ class Planner:
     # Measures choices and policies, cached; shared with per-region plans.
     self.evaluate = Evaluator(program, self.device_flops / self.host_bandwidth,
                               per_device)
-    self.names: tuple[str, ...] = tuple(sorted(program.names))
+    # Offloading, a plan may also move each region's input (region_inputs).
+    offloadable = {region_inputs.INPUT_NAME} if allow_offload else set()
+    self.names: tuple[str, ...] = tuple(sorted(program.names | offloadable))
     self.model_id = model_id(fn, program)
     self._named = self._catalogue()
     self._whole = {m: self.evaluate(Choice(mode=m)) for m in MODES

@@ -32,6 +32,7 @@ import jax
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import lowering
+from remat_toolkit._src import region_inputs
 from remat_toolkit._src import region_keys
 from remat_toolkit._src import resolve
 from remat_toolkit._src.resolve import PolicyLike
@@ -98,6 +99,7 @@ def _rewrite(program: Any, policy: PolicyLike,
   """``program`` with each selected region's policy replaced; the keys."""
   keys: list[str] = []
   hits: set[str] = set()
+  arguments = _jaxpr.argument_vars(program)
 
   def on_eqn(eqn: Any, recurse: Callable[[Any], Any]) -> Any:
     if not compat.is_remat(eqn):
@@ -110,9 +112,15 @@ def _rewrite(program: Any, policy: PolicyLike,
           eqn, body, compat.remat_policy_of(eqn))
     keys.append(key)
     names = _jaxpr.names_in(body)
+    # Its computed inputs: the function's own arguments (the weights
+    # nn.remat passes in) are held by the caller anyway.
+    mask = tuple(v not in arguments for v in eqn.invars)
+    if region_inputs.names_inputs(policy, key):
+      body = region_inputs.name_body_inputs(body, mask)
+      names |= {region_inputs.INPUT_NAME}  # a region fed only arguments
     lowering.warn_if_unmatched(policy, names, f"remat region {key!r}", key)
-    return compat.with_remat(eqn, body,
-                             lowering.region_jax_policy(policy, names, key))
+    return compat.with_remat(
+        eqn, body, lowering.region_jax_policy(policy, names, key, mask))
 
   new = _jaxpr.rewrite(program, on_eqn)
   _warn_unmatched_patterns(patterns, hits, keys)

@@ -33,6 +33,7 @@ from remat_toolkit._src import catalog
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import lowering
+from remat_toolkit._src import region_inputs
 from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src import sharding as _sharding
 from remat_toolkit._src.findings import policy_warnings
@@ -215,17 +216,39 @@ class TracedProgram:
     out = []
     for key, names in self._region_names.items():
       chosen = policy.for_region(key)
+      if self._named_inputs(chosen, key):
+        names = names | {region_inputs.INPUT_NAME}
       memo = (id(chosen), names)
       if memo not in done:
         done[memo] = policy.to_jax(names, region=key)
       out.append(done[memo])
     return tuple(out)
 
+  def _named_inputs(self, policy: Policy | None, key: str
+                    ) -> tuple[bool, ...] | None:
+    """The inputs regions of ``key`` name under ``policy``, if it moves them
+    (:mod:`~remat_toolkit._src.region_inputs`)."""
+    mask = self._markers.inputs_of(key)
+    if mask is None or not any(mask) or not region_inputs.selects_inputs(policy):
+      return None
+    return mask
+
   def _substituted(self, policy: Policy):
     mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))
+    named: dict[tuple[int, tuple[bool, ...]], Any] = {}  # shared bodies stay so
+
+    def body_for(marker, body):
+      mask = self._named_inputs(policy.for_region(self._markers.key_of(marker)),
+                                self._markers.key_of(marker))
+      if mask is None:
+        return body
+      if (id(body), mask) not in named:
+        named[(id(body), mask)] = region_inputs.name_body_inputs(body, mask)
+      return named[(id(body), mask)]
+
     return _jaxpr.substitute_policy(
         self.jaxpr.jaxpr, self._markers,
-        lambda marker, _: mapping[self._markers.key_of(marker)])
+        lambda marker, _: mapping[self._markers.key_of(marker)], body_for)
 
   def step(self, policy: Policy) -> _residuals.TracedStep:
     """The traced training step under ``policy`` (cached per lowering)."""

@@ -41,6 +41,7 @@ import numpy as np
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import lowering
 from remat_toolkit._src import nnx_paths
+from remat_toolkit._src import region_inputs
 from remat_toolkit._src import region_keys
 from remat_toolkit._src import resolve
 from remat_toolkit._src import tags
@@ -177,13 +178,27 @@ def names_decide_policy(policy: PolicyLike) -> bool:
   return not resolved.is_jax_policy and bool(resolved.patterns)
 
 
+def _named_dynamic(body: Callable[..., Any], named: bool) -> Callable[..., Any]:
+  """``body`` naming its dynamic inputs ``block.input`` first, if ``named``
+  (:mod:`~remat_toolkit._src.region_inputs`); the prefix (a module's
+  variables and rngs, an NNX module's state) is never named."""
+  if not named:
+    return body
+
+  def named_body(prefix_, dynamic_):
+    return body(prefix_, region_inputs.name_inputs(dynamic_))
+
+  return named_body
+
+
 def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
                        inputs: tuple, region: str) -> Any:
   """Replays a traced region inside one ``jax.checkpoint``, its policy
   lowered against the names the trace contains."""
   if names_decide_policy(spec.policy):
     lowering.warn_if_unmatched(spec.policy, traced.names, spec.where, region)
-  jax_policy = lowering.region_jax_policy(spec.policy, traced.names, region)
+  jax_policy = lowering.region_jax_policy(spec.policy, traced.names, region,
+                                          region_inputs.input_mask(*inputs))
   return jax.checkpoint(traced.replay(), policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
@@ -205,11 +220,14 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
     return pure(*prefix_, *a, **kw)
 
   inputs = (prefix, dynamic)
+  named = region_inputs.names_inputs(spec.policy, region)
+  body = _named_dynamic(body, named)
   if names_decide_policy(spec.policy):
     return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs,
                               region)
-  jax_policy = lowering.region_jax_policy(spec.policy, tags.known_names(),
-                                          region)
+  known = tags.known_names() | ({region_inputs.INPUT_NAME} if named else set())
+  jax_policy = lowering.region_jax_policy(spec.policy, known, region,
+                                          region_inputs.input_mask(*inputs))
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
@@ -233,7 +251,15 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
 
   inputs = ((), dynamic)
   traced = trace_cache.cached_trace(cache, key, body, inputs)
-  return _checkpoint_traced(traced, spec, inputs, region_keys.region_key(None))
+  region = region_keys.region_key(None)
+  # A plain function's key is known only once its body is traced (nested
+  # regions are numbered first), so a region whose policy names its inputs
+  # is traced again with the names, under a key of its own.
+  if region_inputs.names_inputs(spec.policy, region):
+    traced = trace_cache.cached_trace(
+        cache, None if key is None else (key, region_inputs.INPUT_NAME),
+        _named_dynamic(body, True), inputs)
+  return _checkpoint_traced(traced, spec, inputs, region)
 
 
 # -------------------------------------------------------------- linen lifting

@@ -1,0 +1,229 @@
+"""Region inputs are named ``block.input`` where a policy offloads them.
+
+Every region the toolkit makes (``rt.remat``, ``rt.remat_modules``) names
+its floating-point inputs when its policy offloads ``block.input`` (the
+built-in ``offload-boundaries``), on models that tag nothing themselves, so
+region boundaries move to the host as MaxText's ``decoder_layer_input``
+does. Under every other policy the region is the ``jax.checkpoint`` a user
+writes by hand, and the analyzer counts what JAX keeps in both cases.
+"""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import remat_toolkit as rt
+from remat_toolkit._src import compat as compat
+from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src import residuals as _residuals
+
+cp = jax.checkpoint_policies
+OFFLOAD_BOUNDARIES = cp.save_and_offload_only_these_names(
+    names_which_can_be_saved=[],
+    names_which_can_be_offloaded=["block.input", "decoder_layer_input"],
+    offload_src="device", offload_dst="pinned_host")
+
+
+def _layer(w, x):
+  return jnp.tanh(jnp.sin(x) @ w) + x
+
+
+def _kept(fn, *args):
+  """(shape, memory, category) of what JAX keeps, sources left out."""
+  out = []
+  for aval, desc in compat.saved_residuals(fn, *args):
+    category = re.sub(r" from .*", "", desc)
+    category = re.sub(r"from the argument .*", "argument", category)
+    out.append((tuple(aval.shape), _jaxpr.memory_kind_of(aval), category))
+  return sorted(out)
+
+
+W = jnp.full((4, 4), 0.1)
+X = jnp.ones((2, 4))
+
+
+_REGION = rt.remat(_layer)
+
+
+def _loss(w, x):
+  return _REGION(w, _REGION(w, x)).sum()
+
+
+def _ours(policy, loss=_loss):
+  """``loss`` with its regions under ``policy``, as a training step runs it."""
+  def under(*args):
+    with rt.use_policy(policy):
+      return loss(*args)
+  return under
+
+
+def _by_hand(jax_policy, named):
+  def body(w, x):
+    if named:
+      w, x = checkpoint_name(w, "block.input"), checkpoint_name(x, "block.input")
+    return _layer(w, x)
+  region = jax.checkpoint(body, policy=jax_policy)
+  return lambda w, x: region(w, region(w, x)).sum()
+
+
+def test_offload_boundaries_moves_every_region_input_to_the_host():
+  with compat.remat3(False):
+    ours = _kept(_ours("offload-boundaries"), W, X)
+    assert ours == _kept(_by_hand(OFFLOAD_BOUNDARIES, named=True), W, X)
+    host = [k for k in ours if k[1] == "host"]
+    # Both regions' inputs (x and the first region's output) and the weight,
+    # which a plain function's region cannot tell from an activation.
+    assert len(host) == 4
+    report = rt.analyze(_loss, W, X, policy="offload-boundaries")
+    assert report.offloaded_bytes == sum(
+        _residuals.aval_nbytes(a) for a, _ in compat.saved_residuals(
+            _ours("offload-boundaries"), W, X)
+        if _jaxpr.memory_kind_of(a) == "host")
+    assert report.activation_bytes == 0
+
+
+@pytest.mark.parametrize("policy, jax_policy", [
+    ("save-everything", cp.everything_saveable),
+    ("boundary-only", cp.nothing_saveable),
+    ("save-matmuls", cp.dots_saveable),
+])
+def test_other_policies_leave_region_inputs_unnamed(remat_mode, policy,
+                                                    jax_policy):
+  ours = _kept(_ours(policy), W, X)
+  assert ours == _kept(_by_hand(jax_policy, named=False), W, X)
+  assert not any("block.input" in k[2] for k in ours)
+
+
+class _Block(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(4)(nn.gelu(nn.Dense(16)(nn.LayerNorm()(x))))
+
+
+class _Model(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for i in range(3):
+      x = _Block(name=f"layer_{i}")(x)
+    return x
+
+
+def test_a_model_that_tags_nothing_offloads_its_layer_inputs():
+  model = rt.remat_modules(_Model())
+  params = model.init(jax.random.key(0), X)
+
+  def loss(p, x):
+    return model.apply(p, x).sum()
+
+  with compat.remat3(False):
+    kept = compat.saved_residuals(_ours("offload-boundaries", loss), params, X)
+    host = [a for a, _ in kept if _jaxpr.memory_kind_of(a) == "host"]
+    assert [tuple(a.shape) for a in host] == [X.shape] * 3  # one per layer
+    report = rt.analyze(loss, params, X, policy="offload-boundaries")
+    assert report.offloaded_bytes == 3 * X.size * X.dtype.itemsize
+    named = [r for r in report.residuals if r.name == "block.input"]
+    assert len(named) == 3 and all(r.memory_kind == "host" for r in named)
+    # Analysed under another policy, the same trace has no input names.
+    other = rt.analyze(loss, params, X, policy="save-everything")
+    assert not any(r.name == "block.input" for r in other.residuals)
+
+
+def test_offload_boundaries_refuses_under_remat3_where_jax_cannot_offload():
+  if compat.remat3_offloads():
+    pytest.skip("this JAX offloads under jax_remat3")
+  with compat.remat3(True), pytest.raises(ValueError, match="remat3"):
+    jax.grad(_ours("offload-boundaries"))(W, X)
+
+
+class _ScanBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(4)(nn.gelu(nn.Dense(16)(x)))
+
+
+def test_scanned_layers_offload_their_stacked_inputs():
+  model = rt.scan_layers(_ScanBlock, 3)()
+  params = model.init(jax.random.key(0), X)
+
+  def loss(p, x):
+    return model.apply(p, x).sum()
+
+  with compat.remat3(False):
+    kept = [a for a, d in compat.saved_residuals(_ours("offload-boundaries", loss), params, X)
+            if not d.startswith("from the argument")]
+    assert [(tuple(a.shape), _jaxpr.memory_kind_of(a)) for a in kept] == [
+        ((3, *X.shape), "host")]  # one input per layer, stacked by the scan
+    report = rt.analyze(loss, params, X, policy="offload-boundaries")
+    assert report.offloaded_bytes == 3 * X.size * X.dtype.itemsize
+    assert report.activation_bytes == 0
+
+
+class _SelfRematModel(nn.Module):
+  """Remats its own layers, as recurrentgemma's nn.remat does."""
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(3):
+      x = nn.remat(_Block)(name=f"layer_{i}")(x)
+    return x
+
+
+def test_repolicy_names_the_inputs_of_a_model_that_remats_itself():
+  model = _SelfRematModel()
+  params = model.init(jax.random.key(0), X)
+
+  def loss(p, x):
+    return model.apply(p, x).sum()
+
+  with compat.remat3(False):
+    offloading = rt.repolicy(loss, "offload-boundaries")
+    kept = compat.saved_residuals(offloading, params, X)
+    host = [a for a, _ in kept if _jaxpr.memory_kind_of(a) == "host"]
+    # The layers' computed inputs; not the weights nn.remat passes in, nor
+    # the first layer's input x: arguments the caller holds anyway.
+    assert [tuple(a.shape) for a in host] == [X.shape] * 2
+    report = rt.analyze(rt.repolicy(loss), params, X, policy="offload-boundaries")
+    named = [r for r in report.residuals if r.name == "block.input"]
+    assert [r.module_path for r in named] == ["layer_1", "layer_2"]
+    assert report.offloaded_bytes == sum(
+        _residuals.aval_nbytes(a) for a in host)
+    # The same regions under another policy are the model's own, unnamed.
+    plain = compat.saved_residuals(rt.repolicy(loss, "boundary-only"), params, X)
+    assert not any("block.input" in d for _, d in plain)
+
+
+def test_the_planner_offloads_region_inputs_to_meet_a_budget():
+  model = rt.remat_modules(_Model())
+  params = model.init(jax.random.key(0), X)
+
+  def loss(p, x):
+    return model.apply(p, x).sum()
+
+  with compat.remat3(False):
+    # boundary-only keeps the two computed layer inputs on the device.
+    with pytest.raises(ValueError, match="allow_offload=True"):
+      rt.plan(loss, params, X, budget=0)
+    plan = rt.plan(loss, params, X, budget=0, allow_offload=True)
+  assert plan.activation_bytes == 0
+  # Every layer's input moves, the first one (x) too, as JAX runs it.
+  assert plan.offloaded_bytes == 3 * X.size * X.dtype.itemsize
+  assert "block.input" in plan.policy.offload
+
+
+def test_repolicy_offloads_a_scan_carry_not_the_scanned_weights():
+  """MaxText's scanned decoder: a rematted body under lax.scan over stacked
+  weights. The carry is computed at every step; each step's weight slice is
+  the function's argument, held anyway."""
+  def loss(ws, x):
+    layer = jax.checkpoint(lambda c, w: (_layer(w, c), None))
+    return jax.lax.scan(layer, x, ws)[0].sum()
+
+  ws = jnp.stack([W] * 3)
+  with compat.remat3(False):
+    kept = compat.saved_residuals(rt.repolicy(loss, "offload-boundaries"), ws, X)
+  host = [tuple(a.shape) for a, _ in kept if _jaxpr.memory_kind_of(a) == "host"]
+  assert host == [(3, *X.shape)]  # one carry per step, stacked by the scan
