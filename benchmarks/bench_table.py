@@ -1,4 +1,4 @@
-"""The README's bench table: every built-in policy's training step on a CPU.
+"""The bench table of docs/benchmarks.md: every built-in policy's training step on a CPU.
 
 Runs ``rt.bench`` (AdamW, jit, donated state) on a small GPT (4 layers
 under ``scan``, d_model 64, sequence 256, batch 8, float32: activations far

@@ -1,4 +1,4 @@
-"""Every accelerator figure of the README in one run, for whoever has a GPU.
+"""Every accelerator figure of the documentation in one run, for whoever has a GPU.
 
 Within about ten minutes on one GPU it runs, in order:
   1. ``compare``: the analyzer's table of every policy on ``gpt2-small`` and

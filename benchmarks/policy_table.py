@@ -1,7 +1,8 @@
 """The memory/recompute table of every built-in policy on a built-in model.
 
 Static analysis on abstract shapes: nothing is allocated, so the largest
-configs run on a laptop. This is the table in the README.
+configs run on a laptop. This is the table in the README (and the catalogue's
+in docs/concepts/policies.md, with --markdown).
 
 Usage:
   python benchmarks/policy_table.py [--config gpt2-small] [--group 1] [--scan]
@@ -49,7 +50,7 @@ def main() -> None:
   parser.add_argument("--scan", action="store_true")
   parser.add_argument("--policies", nargs="*", default=None)
   parser.add_argument("--markdown", action="store_true",
-                      help="print the README's catalogue table instead")
+                      help="print the catalogue table of docs/concepts/policies.md instead")
   args = parser.parse_args()
   group = args.group if args.group in (None, "sqrt") else int(args.group)
   print(describe_machine())

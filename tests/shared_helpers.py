@@ -4,6 +4,7 @@
 ``conftest.py`` (``quick_compiles``, ``remat_mode``).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -172,3 +173,66 @@ class NNXMlp(nnx.Module):
 
   def __call__(self, x):
     return self.fc2(nnx.gelu(self.fc1(x)))
+
+
+# ---------------------------------------------------------------- documentation
+
+@dataclasses.dataclass(frozen=True)
+class CodeBlock:
+  """A fenced code block of a Markdown page.
+
+  ``directive`` is set by an HTML comment on the line before the fence:
+  ``<!-- skip: needs a GPU -->`` (the block is not run, for that reason) or
+  ``<!-- file: my_policies/keep-qk.toml -->`` (the block is that file's text,
+  written before the page's next blocks run).
+  """
+
+  lang: str
+  code: str
+  line: int
+  directive: str = ""
+  argument: str = ""
+
+
+_FENCE = re.compile(
+    r"^(?:<!--\s*(?P<directive>skip|file):\s*(?P<argument>.*?)\s*-->\n)?"
+    r"```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
+
+
+def markdown_code_blocks(path: Path) -> list[CodeBlock]:
+  """The fenced blocks of a Markdown file, in order.
+
+  Only fences at the start of a line count; an indented fence (inside a list)
+  would be missed, so it fails instead of being skipped unseen.
+  """
+  text = path.read_text(encoding="utf-8")
+  blocks = [CodeBlock(lang=m["lang"], code=m["code"],
+                      line=text.count("\n", 0, m.start("lang")) + 1,
+                      directive=m["directive"] or "", argument=m["argument"] or "")
+            for m in _FENCE.finditer(text)]
+  fences = len(re.findall(r"^[ \t]*```python", text, re.M))
+  parsed = sum(b.lang == "python" for b in blocks)
+  assert fences == parsed, (
+      f"{path}: {fences - parsed} ```python block(s) are indented or unclosed; "
+      "start each fence at the beginning of a line so its example runs.")
+  return blocks
+
+
+def run_markdown_examples(path: Path, capsys) -> dict[int, str]:
+  """Runs a page's Python blocks in order in one namespace, as a reader would.
+
+  ``file:`` blocks are written (relative to the current directory) before the
+  blocks after them run; ``skip:`` blocks are left out. Returns what each
+  block printed, by the line of its fence.
+  """
+  namespace: dict = {"__name__": f"docs_{path.stem.replace('-', '_')}"}
+  printed = {}
+  for block in markdown_code_blocks(path):
+    if block.directive == "file":
+      target = Path(block.argument)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      target.write_text(block.code, encoding="utf-8")
+    elif block.lang == "python" and block.directive != "skip":
+      exec(compile(block.code, f"{path.name}, line {block.line}", "exec"), namespace)
+      printed[block.line] = capsys.readouterr().out
+  return printed

@@ -5,7 +5,7 @@ states the error it must raise and what its message must say: the offending
 value and the fix. Every row also checks that the error is ours (a builtin
 ``ValueError``/``TypeError``/``FileNotFoundError``, never a JAX-internal
 exception), fits on one line, and left no partial state behind (catalogue
-and ambient policy unchanged). The README's table of bad inputs is this one.
+and ambient policy unchanged). The table of bad inputs in docs/how-to/verify.md is this one.
 """
 
 from __future__ import annotations

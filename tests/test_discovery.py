@@ -7,9 +7,7 @@ ambient policy.
 """
 
 import dataclasses
-import re
 import warnings
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -29,7 +27,6 @@ from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src.inputs import random_tree
 from remat_toolkit.results import RematSummary
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 POLICIES = ("save-attention", "save-ffn")
 
 
@@ -316,21 +313,6 @@ def test_summary_in_a_notebook_is_a_table_of_regions():
   not_run = RematSummary(model="GPT", auto=True, ran=False)
   assert not_run._repr_html_().startswith("<p")
   assert "call its init or apply first" in not_run._repr_html_()
-
-
-# ---------------------------------------------------------------- README
-
-@pytest.mark.usefixtures("hf_numpy_rules")
-def test_readme_hugging_face_example_runs(capsys):
-  text = README.read_text(encoding="utf-8")
-  section = text[text.index("### Rules over a model you cannot edit"):]
-  code = next(block for block in re.findall(r"```python\n(.*?)```", section,
-                                            re.S)
-              if "rt.remat_summary(model)" in block)
-  exec(compile(code, "README.md", "exec"), {})
-  out = capsys.readouterr().out
-  assert "remat_modules chose FlaxGPT2Block (2 regions" in out
-  assert "policy save-attention" in out
 
 
 # ---------------------------------------------------------------- along the depth

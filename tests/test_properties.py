@@ -197,7 +197,8 @@ def test_activation_bytes_are_ordered_where_kept_sets_are_nested(
     pairs = nested_pairs(program.names)
     needed = {p for pair in pairs for p in pair} | {"save-everything"}
     kept = {n: program.report(rt.get_policy(n)).activation_bytes for n in needed}
-  # The chain the README promises is among the nested pairs on this model.
+  # This chain of built-ins, each keeping what the one before keeps and more, is
+  # among the nested pairs on this model.
   chain = ["boundary-only", "save-qkv", "save-attention",
            "save-projections-and-context", "recompute-attention-core"]
   assert set(zip(chain, chain[1:], strict=False)) <= set(pairs)

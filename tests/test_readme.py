@@ -1,27 +1,58 @@
-"""The README's Python examples run as printed."""
+"""The README runs as printed: its Python blocks here, its commands in CI."""
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+from shared_helpers import markdown_code_blocks
+from shared_helpers import run_markdown_examples
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CI = ROOT / ".ci" / "run"
 
 
-def _run_first_block_after(heading, capsys):
-  """Runs the first Python block after ``heading``; returns what it printed."""
+def _section(text, name):
+  """The text between the README's ``--8<-- [start:name]``/``[end:name]`` markers."""
+  match = re.search(rf"\[start:{name}\] -->\n(.*?)<!-- --8<-- \[end:{name}\]", text, re.S)
+  assert match, f"README.md has no section {name!r} (the docs site includes it)"
+  return match.group(1)
+
+
+def test_every_python_block_runs_and_the_five_minute_example_prints_its_point(capsys):
   text = README.read_text(encoding="utf-8")
-  section = text[text.index(heading):]
-  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-  exec(compile(code, "README.md", "exec"), {})
-  return capsys.readouterr().out
+  printed = run_markdown_examples(README, capsys)
+  assert printed, "README.md has no Python block"
+  section = _section(text, "five-minutes")
+  five_minutes = next(printed[b.line] for b in markdown_code_blocks(README)
+                      if b.lang == "python" and b.code in section)
+  # rt.analyze keeps each block's ffn.up: float32 [8, 128, 1024], 4 MiB, in all four regions.
+  assert "policy save-ffn" in five_minutes
+  kept = [line for line in five_minutes.splitlines()
+          if "ffn.up" in line and "4.0 MiB" in line]
+  assert [re.search(r"layers_\d", line).group() for line in kept] == [
+      f"layers_{i}" for i in range(4)], five_minutes
+  # rt.compare: one row per policy asked for, and nothing warned about regions.
+  for policy in ("boundary-only", "save-ffn", "save-everything"):
+    assert re.search(rf"^{policy}\s", five_minutes, re.M), policy
+  assert "4 remat regions" in five_minutes and "no remat region" not in five_minutes
 
 
-def test_five_minute_example_runs(capsys):
-  out = _run_first_block_after("## In five minutes", capsys)
-  assert "policy save-ffn" in out and "ffn.up" in out
-  assert "boundary-only" in out and "save-everything" in out
+def test_the_commands_are_what_ci_runs():
+  """Each command of the README's bash blocks is a line .ci/run executes."""
+  ci_lines = [line.strip() for line in CI.read_text(encoding="utf-8").splitlines()
+              if line.strip() and not line.strip().startswith("#")]
+  commands = [line.strip()
+              for block in markdown_code_blocks(README) if block.lang == "bash"
+              for line in block.code.splitlines()
+              if line.strip() and not line.strip().startswith("#")]
+  assert commands, "README.md has no bash block"
+  for command in commands:
+    assert command in ci_lines, f".ci/run does not run the README's command {command!r}"
 
 
-def test_models_that_remat_themselves_example_runs(capsys):
-  out = _run_first_block_after("### Models that remat themselves", capsys)
-  assert "boundary-only" in out and "save-ffn" in out and "save-everything" in out
-  assert "no remat region" not in out and "4 remat regions" in out
+def test_relative_links_point_at_files():
+  text = README.read_text(encoding="utf-8")
+  targets = re.findall(r"\]\((?!https?://|#)([^)#]+)(?:#[^)]*)?\)", text)
+  assert targets, "README.md links to nothing in the repository"
+  missing = [t for t in targets if not (ROOT / t).exists()]
+  assert not missing, f"README.md links to files that do not exist: {missing}"

@@ -77,6 +77,7 @@ def step_memory(model: Model = DEFAULT_MODEL, *args: Any,
 
   Example:
     >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
     >>> loss = lambda w, b: jnp.mean((b @ w) ** 2)
     >>> args = (jax.ShapeDtypeStruct((4, 4), jnp.float32),
     ...         jax.ShapeDtypeStruct((8, 4), jnp.float32))
@@ -273,11 +274,12 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
 
   Example:
     >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
     >>> loss = lambda w, b: jnp.mean((b @ w) ** 2)
     >>> args = (jax.ShapeDtypeStruct((4, 4), jnp.float32),
     ...         jax.ShapeDtypeStruct((1, 4), jnp.float32))
-    >>> search = largest_batch(loss, *args, budget="2KiB", max_batch=64,
-    ...                        policies=[], progress=False)
+    >>> search = rt.largest_batch(loss, *args, budget="2KiB", max_batch=64,
+    ...                           policies=[], progress=False)
     >>> fit = search.fits["save-everything"]
     >>> fit.bytes <= 2048 < fit.over_bytes
     True

@@ -152,13 +152,13 @@ def name_nnx_modules(model: Any) -> Any:
   Example:
     >>> import jax, jax.numpy as jnp
     >>> from flax import nnx
-    >>> from remat_toolkit._src.nnx_paths import name_nnx_modules
+    >>> import remat_toolkit as rt
     >>> class Block(nnx.Module):
     ...   def __init__(self, rngs):
     ...     self.mlp = nnx.Linear(2, 2, rngs=rngs)
     ...   def __call__(self, x):
     ...     return self.mlp(x)
-    >>> model = name_nnx_modules(Block(nnx.Rngs(0)))
+    >>> model = rt.name_nnx_modules(Block(nnx.Rngs(0)))
     >>> {str(e.source_info.name_stack)
     ...  for e in jax.make_jaxpr(model)(jnp.ones((1, 2))).eqns}
     {'Block/mlp'}

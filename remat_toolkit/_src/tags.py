@@ -22,7 +22,6 @@ from jax.ad_checkpoint import checkpoint_name
 
 __all__ = ["VOCABULARY", "MAXTEXT_NAMES", "tag", "known_names"]
 
-#: Names for the tensors of a transformer block, with what each one is.
 VOCABULARY: dict[str, str] = {
     "block.input": "input of a block (the residual stream entering it)",
     "block.output": "output of a block",
@@ -41,8 +40,8 @@ VOCABULARY: dict[str, str] = {
     "ffn.act": "feed-forward activation output",
     "ffn.down": "feed-forward down projection",
 }
+"""Names for the tensors of a transformer block, with what each one is."""
 
-#: Checkpoint names used by MaxText models; built-in policies match them too.
 MAXTEXT_NAMES: tuple[str, ...] = (
     "decoder_layer_input",
     "query_proj",
@@ -68,6 +67,7 @@ MAXTEXT_NAMES: tuple[str, ...] = (
     "mla_q",
     "mla_kv",
 )
+"""Checkpoint names used by MaxText models; built-in policies match them too."""
 
 _seen_lock = threading.Lock()
 _seen_names: set[str] = set()

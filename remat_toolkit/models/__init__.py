@@ -58,8 +58,8 @@ __all__ = [
     "reseed_dropout",
 ]
 
-#: Values of ``build_loss(framework=...)``.
 FRAMEWORKS: tuple[str, ...] = ("linen", "nnx")
+"""Values of ``build_loss(framework=...)``."""
 
 LossFn = Callable[..., jax.Array]
 

@@ -171,7 +171,6 @@ def _check_dtype(field: str, value: Any) -> None:
         f"'bfloat16', got {value!r}.")
 
 
-#: The named configurations.
 CONFIGS: dict[str, GPTConfig] = {
     c.name: c for c in (
         # For tests: a training step takes milliseconds on a CPU.
@@ -198,6 +197,8 @@ CONFIGS: dict[str, GPTConfig] = {
                   batch_size=2, dtype="bfloat16", param_dtype="bfloat16"),
     )
 }
+"""The named configurations, by name: what ``build_loss(config)`` and the CLI's
+``--model`` accept (see ``list_configs``)."""
 
 
 def list_configs() -> list[str]:

@@ -1,0 +1,151 @@
+"""The documentation site: every public name documented, every example run.
+
+The site itself is built by ``mkdocs build --strict`` in CI (the ``docs``
+extra); these tests need only the ``test`` extra: they read ``docs/`` and the
+package.
+"""
+
+import ast
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import jax
+import pytest
+from shared_helpers import markdown_code_blocks
+from shared_helpers import run_markdown_examples
+
+import remat_toolkit as rt
+from remat_toolkit import models
+from remat_toolkit import names
+from remat_toolkit import results
+from remat_toolkit._src import compat
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+API = DOCS / "api"
+
+PUBLIC = {
+    "remat_toolkit": rt.__all__,
+    "remat_toolkit.results": results.__all__,
+    "remat_toolkit.names": names.__all__,
+    "remat_toolkit.models": models.__all__,
+}
+
+# What a page's examples must print: a fragment of the output that carries its point.
+EXPECTED = {
+    "concepts/policies.md": ["['ffn.up']", "save-projections"],
+    "how-to/third-party-models.md": [
+        "remat_modules chose FlaxGPT2Block (2 regions", "policy save-attention",
+        "boundary-only", "save-ffn", "4 remat regions"],
+    "how-to/apply/models-that-remat-themselves.md": ["4 remat regions", "save-ffn"],
+}
+
+# A docs example may be left out only for hardware a CI machine does not have.
+SKIP_REASON = re.compile(r"^needs (a GPU|\d+ devices)\b")
+
+
+def _documented() -> list[str]:
+  return [identifier for page in sorted(API.glob("*.md"))
+          for identifier in re.findall(r"^:::\s+(\S+)", page.read_text(encoding="utf-8"),
+                                       re.M)]
+
+
+def _public_names() -> list[str]:
+  return [f"{module}.{name}" for module, names_ in PUBLIC.items() for name in names_]
+
+
+def test_every_public_name_has_an_api_entry_and_only_those():
+  documented = _documented()
+  missing = sorted(set(_public_names()) - set(documented))
+  assert not missing, (
+      f"public names without an API entry: {missing}; add a `::: NAME` line to the "
+      "page of docs/api/ where it belongs")
+  extra = sorted(set(documented) - set(_public_names()))
+  assert not extra, f"docs/api/ documents names that are not public: {extra}"
+  twice = sorted({name for name in documented if documented.count(name) > 1})
+  assert not twice, f"documented more than once: {twice}"
+
+
+def _attribute_docstring(module_name: str, name: str) -> str | None:
+  """The string literal after ``name = ...`` where the module (or one it imports it
+  from) assigns it: the docstring an API page shows for a constant."""
+  module = importlib.import_module(module_name)
+  tree = ast.parse(Path(inspect.getsourcefile(module)).read_text(encoding="utf-8"))
+  body = tree.body
+  for statement, following in zip(body, body[1:] + [None], strict=True):
+    targets = (statement.targets if isinstance(statement, ast.Assign)
+               else [statement.target] if isinstance(statement, ast.AnnAssign) else [])
+    if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+      if (isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+          and isinstance(following.value.value, str)):
+        return following.value.value
+      return None
+  for statement in body:
+    if isinstance(statement, ast.ImportFrom) and any(a.name == name for a in statement.names):
+      return _attribute_docstring(statement.module, name)
+  return None
+
+
+@pytest.mark.parametrize("identifier", _public_names())
+def test_every_public_name_has_a_docstring(identifier):
+  module_name, name = identifier.rsplit(".", 1)
+  obj = getattr(importlib.import_module(module_name), name)
+  if inspect.isclass(obj) or callable(obj):
+    doc = obj.__doc__  # its own: inspect.getdoc would inherit a base class's
+    if inspect.isclass(obj) and (doc or "").startswith(f"{obj.__name__}("):
+      doc = None  # the signature @dataclass writes where a class has no docstring
+  else:
+    doc = _attribute_docstring(module_name, name)
+  assert doc and doc.strip(), (
+      f"{identifier} has no docstring; its API page would be empty"
+      + ("" if callable(obj) else " (write a string literal after the assignment)"))
+
+
+@pytest.mark.parametrize("name", rt.__all__)
+def test_every_top_level_name_shows_a_runnable_example(name):
+  doc = inspect.getdoc(getattr(rt, name)) or ""
+  example = re.search(r"^Examples?:\n(.*)", doc, re.M | re.S)
+  assert example and ">>> " in example.group(1), (
+      f"rt.{name}'s docstring has no Example: section with a >>> line")
+
+
+def _pages_with_examples() -> list[str]:
+  return [str(page.relative_to(DOCS)) for page in sorted(DOCS.rglob("*.md"))
+          if any(b.lang == "python" for b in markdown_code_blocks(page))]
+
+
+def test_examples_are_left_out_only_for_hardware():
+  for page in sorted(DOCS.rglob("*.md")):
+    for block in markdown_code_blocks(page):
+      if block.directive == "skip":
+        assert SKIP_REASON.match(block.argument), (
+            f"{page.relative_to(DOCS)}, line {block.line}: an example may be skipped only "
+            f"when it needs a GPU or several devices, not {block.argument!r}")
+
+
+def test_expected_outputs_name_pages_with_examples():
+  assert set(EXPECTED) <= set(_pages_with_examples())
+
+
+@pytest.fixture
+def reader_environment(tmp_path, monkeypatch):
+  """A reader's defaults: an empty working folder, JAX's default remat mode
+  (``jax_remat3`` off: jax 0.10's remat3 refuses the offloading examples), NumPy
+  rank promotion allowed (the suite forbids it; Hugging Face's models rely on
+  it), charts not shown."""
+  monkeypatch.chdir(tmp_path)
+  pytest.importorskip("matplotlib").use("Agg")
+  with compat.remat3(False), jax.numpy_rank_promotion("allow"):
+    yield
+  importlib.import_module("matplotlib.pyplot").close("all")
+
+
+# Mode-independent (the examples are the API's, not the remat mode's) and slow.
+@pytest.mark.slow
+@pytest.mark.usefixtures("reader_environment")
+@pytest.mark.parametrize("page", _pages_with_examples())
+def test_page_examples_run(page, capsys):
+  printed = "".join(run_markdown_examples(DOCS / page, capsys).values())
+  missing = [fragment for fragment in EXPECTED.get(page, ()) if fragment not in printed]
+  assert not missing, f"{page}: its examples did not print {missing}:\n{printed}"
