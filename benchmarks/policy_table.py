@@ -30,9 +30,9 @@ def _markdown(comparison) -> str:
            "|---|---|---|---|---:|---:|---:|"]
   for row in comparison.rows():
     policy = rt.get_policy(row["policy"])
-    vocab = [n for n in policy.save if n in rt.VOCABULARY]
+    vocab = [n for n in policy.save if n in rt.names.VOCABULARY]
     keeps = ", ".join(vocab) if vocab else policy.keeps_summary()
-    off = [n for n in policy.offload if n in rt.VOCABULARY]
+    off = [n for n in policy.offload if n in rt.names.VOCABULARY]
     offloads = ", ".join(off) if off else policy.offloads_summary()
     aliases = ", ".join(f"`{a}`" for a in policy.aliases) or "-"
     lines.append(

@@ -11,9 +11,6 @@ Example:
   'none'
 """
 
-import importlib as _importlib
-import warnings as _warnings
-
 from remat_toolkit._src.analysis import analyze
 from remat_toolkit._src.analysis import compare
 from remat_toolkit._src.batch_search import largest_batch
@@ -23,8 +20,6 @@ from remat_toolkit._src.catalog import get_policy
 from remat_toolkit._src.catalog import list_policies
 from remat_toolkit._src.catalog import load_policies
 from remat_toolkit._src.catalog import register_policy
-from remat_toolkit._src.context import current_policy
-from remat_toolkit._src.context import use_policy
 from remat_toolkit._src.frontier import frontier
 from remat_toolkit._src.grouping import nnx_scan_layers
 from remat_toolkit._src.grouping import remat_chain
@@ -33,6 +28,8 @@ from remat_toolkit._src.nnx_paths import name_nnx_modules
 from remat_toolkit._src.planner import plan
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.repolicy import repolicy
+from remat_toolkit._src.resolve import current_policy
+from remat_toolkit._src.resolve import use_policy
 from remat_toolkit._src.rules import remat_modules
 from remat_toolkit._src.rules import remat_summary
 from remat_toolkit._src.scan_runs import restack
@@ -72,24 +69,6 @@ __all__ = [
     "bench",
     "largest_batch",
 ]
-
-# Names that were top-level in 0.1 and now live in a module of their own.
-_MOVED = {
-    "Comparison": "results", "Residual": "results", "ResidualReport": "results",
-    "BatchFit": "results", "BatchSearch": "results", "BenchRecord": "results",
-    "BenchResult": "results", "Breakdown": "results", "Frontier": "results",
-    "Plan": "results", "RematSummary": "results", "Verification": "results",
-    "MAXTEXT_NAMES": "names", "VOCABULARY": "names",
-}
-
-
-def __getattr__(name: str):
-  if name in _MOVED:
-    module = f"remat_toolkit.{_MOVED[name]}"
-    _warnings.warn(f"remat_toolkit.{name} moved to {module}.{name}; import it "
-                   "from there.", DeprecationWarning, stacklevel=2)
-    return getattr(_importlib.import_module(module), name)
-  raise AttributeError(f"module 'remat_toolkit' has no attribute {name!r}")
 
 from remat_toolkit import names as names  # noqa: E402  (public modules, loaded last)
 from remat_toolkit import results as results  # noqa: E402

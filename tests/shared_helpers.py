@@ -126,7 +126,8 @@ def run_on_simulated_devices(script, *args, count=8):
 def ambient_region(f):
   """A remat region that reads the ambient policy at trace time."""
   def g(*args):
-    return jax.checkpoint(f, policy=lowering.region_jax_policy(None))(*args)
+    region = lowering.region_policy(None)
+    return jax.checkpoint(f, policy=lowering.region_jax_policy(region))(*args)
   return g
 
 

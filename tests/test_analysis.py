@@ -240,25 +240,18 @@ def test_a_raw_jax_policy_keeps_what_jax_says(remat_mode, raw):
   assert breakdown.activation_bytes == act_bytes
 
 
-def test_a_user_save_everything_does_not_move_the_percentages():
-  policies = ["boundary-only", "save-ffn", "save-everything"]
-
-  def percent(comparison):
-    return {r["policy"]: r["percent_of_save_everything"]
-            for r in comparison.rows()}
-
-  before = rt.compare(unrolled_loss, *UNROLLED_ARGS, policies=policies)
-  # A user's file called save-everything.toml that keeps far less.
-  rt.register_policy(rt.Policy(name="save-everything", save=["ffn.up"]),
-                     override=True)  # the restore_registry fixture undoes it
-  after = rt.compare(unrolled_loss, *UNROLLED_ARGS, policies=policies)
-  mine = after.reports["save-everything"].activation_bytes
-  assert mine < before.reports["save-everything"].activation_bytes
-  assert percent(before)["save-everything"] == 100.0
-  assert percent(after)["save-everything"] < 100.0
-  for name in ("boundary-only", "save-ffn"):
-    assert percent(after)[name] == percent(before)[name]
-  assert after.baseline.activation_bytes == before.baseline.activation_bytes
+@pytest.mark.parametrize("name", ["save-everything", "boundary-only", "no-remat",
+                                  "full"])
+def test_no_policy_replaces_a_baseline(name, tmp_path):
+  """The baselines every figure is measured against are the code's own:
+  neither a registered policy nor a user's file takes their name."""
+  before = rt.get_policy(name)
+  with pytest.raises(ValueError, match="baseline every result is measured"):
+    rt.register_policy(rt.Policy(name=name, save=["ffn.up"]), override=True)
+  (tmp_path / "mine.toml").write_text(f'name = "{name}"\nsave = ["ffn.up"]\n')
+  with pytest.raises(ValueError, match="name your policy differently"):
+    rt.load_policies(tmp_path / "mine.toml", override=True)
+  assert rt.get_policy(name) is before
 
 
 def _refusal(call):

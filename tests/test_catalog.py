@@ -2,6 +2,7 @@
 
 import textwrap
 
+import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
@@ -78,7 +79,9 @@ def test_list_policies_is_the_sorted_builtins():
   names = rt.list_policies()
   files = {f.stem for f in catalog.builtin_policy_dir().glob("*.toml")}
   assert names == sorted(names)
-  assert set(names) == files
+  # The two baselines are the code's own; every other built-in is a file.
+  assert set(names) == files | {"boundary-only", "save-everything"}
+  assert not files & {"boundary-only", "save-everything"}
   assert len(names) >= 12
 
 
@@ -272,10 +275,14 @@ MALFORMED = {
                             'offload_src = "gpu"\n', "Policy.offload_src must be"),
     "unknown offload_dst": ('name = "x"\noffload = ["attn.q"]\n'
                             'offload_dst = "hbm"\n', "Policy.offload_dst must be"),
-    "duplicate name": ('name = "boundary_only"\n',
-                       "key 'name': policy name 'boundary-only' already exists"),
-    "duplicate alias": ('name = "x"\naliases = ["FULL"]\n',
-                        "key 'aliases': policy name 'full' already exists"),
+    "duplicate name": ('name = "save_ffn"\n',
+                       "key 'name': policy name 'save-ffn' already exists"),
+    "duplicate alias": ('name = "x"\naliases = ["MINIMAL"]\n',
+                        "key 'aliases': policy name 'minimal' already exists"),
+    "a baseline's name": ('name = "boundary_only"\n',
+                          "key 'name': policy name 'boundary-only' is the built-in"),
+    "a baseline's alias": ('name = "x"\naliases = ["FULL"]\n',
+                           "key 'aliases': policy name 'full' is the built-in"),
 }
 
 
@@ -311,3 +318,18 @@ def test_folder_with_a_name_twice_adds_nothing(tmp_path):
                                        r"also defined in .*a\.toml"):
     rt.load_policies(tmp_path)
   assert _lookups() == before
+
+
+def test_a_policy_file_is_a_policy_everywhere(tmp_path):
+  """The one resolver reads a .toml path wherever a policy is accepted, as
+  the command line does, without registering it."""
+  path = tmp_path / "keep-up.toml"
+  path.write_text('name = "keep-up"\nsave = ["ffn.up"]\n')
+  f = rt.remat(lambda x: jnp.sin(rt.tag(jnp.sin(x), "ffn.up")).sum())
+  for given in (path, str(path)):
+    report = rt.analyze(f, jnp.ones(4), policy=given)
+    assert report.policy == "keep-up"
+    assert [r.name for r in report.activations] == ["ffn.up"]
+  assert "keep-up" not in rt.list_policies()
+  with pytest.raises(FileNotFoundError, match="missing.toml.*does not exist"):
+    rt.analyze(f, jnp.ones(4), policy=str(tmp_path / "missing.toml"))

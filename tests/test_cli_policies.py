@@ -172,22 +172,17 @@ def test_policy_file_is_repeatable_and_takes_folders(capsys, tmp_path,
   assert {"keep-up", "keep-down"} <= set(names)
 
 
-def test_deprecated_policies_option_still_loads_and_says_so(capsys, tmp_path,
-                                                            fresh_catalogue):
+def test_the_removed_policies_spelling_is_refused(capsys, tmp_path):
   path = _write_policy(tmp_path, "keep-up")
-  status, out, err = _run(capsys, "list", "--json", "--policies", str(path))
-  assert status == 0
-  assert "keep-up" in [r["name"] for r in json.loads(out)]
-  assert err.count("\n") == 1
-  assert err.startswith("remat-toolkit: warning: --policies is deprecated")
-  assert "--policy-file PATH" in err
+  status, _, err = _run(capsys, "list", "--policies", str(path))
+  assert status == 2 and "unrecognized arguments: --policies" in err
 
 
-def test_help_names_policy_file_and_the_deprecated_spelling(capsys):
+def test_help_names_policy_file(capsys):
   assert cli.main(["compare", "--help"]) == 0
   flat = " ".join(capsys.readouterr().out.split())
   assert "--policy-file PATH" in flat
-  assert "--policies PATH deprecated spelling of --policy-file" in flat
+  assert "--policies" not in flat
   assert "[POLICY ...]" in flat and "--policy POLICY" in flat
 
 
@@ -198,7 +193,7 @@ def test_help_names_policy_file_and_the_deprecated_spelling(capsys):
 def test_many_policy_commands_take_policy_too(argv, expected):
   # Not read as an abbreviation of --policy-file.
   args = cli.build_parser().parse_args(argv)
-  assert [p.name for p in cli_shared.resolve_policy_list(args)] == expected
+  assert [p.name for p in cli_shared.policy_list(args)] == expected
   assert args.policy_files == []
 
 

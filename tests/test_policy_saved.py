@@ -210,8 +210,8 @@ def _dot_batch_dims(jaxpr):
 
 def test_the_function_has_what_the_policies_select():
   names = set(_tag_shapes())
-  assert set(rt.VOCABULARY) <= names
-  assert len(names & set(rt.MAXTEXT_NAMES)) >= 4
+  assert set(rt.names.VOCABULARY) <= names
+  assert len(names & set(rt.names.MAXTEXT_NAMES)) >= 4
   batch_dims = list(_dot_batch_dims(jax.make_jaxpr(_block)(X, PARAMS).jaxpr))
   assert any(b > 0 for b in batch_dims), "needs a batched dot"
   assert sum(b == 0 for b in batch_dims) >= 2, "needs unbatched dots"

@@ -8,7 +8,6 @@ import pkgutil
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit import names
 from remat_toolkit import results
 
 PUBLIC_MODULES = {"remat_toolkit.results", "remat_toolkit.names",
@@ -55,13 +54,12 @@ def test_results_render_through_the_one_display_module():
     assert cls in display.to_text.registry, f"{name} has no text renderer"
 
 
-@pytest.mark.parametrize("name,module", [
-    ("Plan", results), ("ResidualReport", results), ("Verification", results),
-    ("VOCABULARY", names), ("MAXTEXT_NAMES", names)])
-def test_names_that_moved_still_resolve_with_a_deprecation_warning(name, module):
-  with pytest.warns(DeprecationWarning, match=f"moved to {module.__name__}"):
-    value = getattr(rt, name)
-  assert value is getattr(module, name)
+@pytest.mark.parametrize("name", ["Plan", "ResidualReport", "Verification",
+                                  "VOCABULARY", "MAXTEXT_NAMES"])
+def test_names_that_left_the_top_level_are_gone(name):
+  """0.2 removed the 0.1 spellings (``rt.Plan``...); each lives in
+  :mod:`remat_toolkit.results` or :mod:`remat_toolkit.names`."""
+  assert not hasattr(rt, name)
 
 
 def test_an_unknown_attribute_is_an_attribute_error():

@@ -462,7 +462,7 @@ def field_residuals(fn):
 
 def test_the_block_has_every_maxtext_name():
   names = names_in(maxtext_block, XS, PARAMS)
-  assert names == set(rt.MAXTEXT_NAMES) | {"combined_qkv_proj"}
+  assert names == set(rt.names.MAXTEXT_NAMES) | {"combined_qkv_proj"}
 
 
 @pytest.mark.parametrize("field,alias", sorted(FIELD))

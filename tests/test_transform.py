@@ -21,7 +21,6 @@ from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import lowering
 from remat_toolkit._src import nnx_paths
 from remat_toolkit._src import resolve
-from remat_toolkit._src import transform
 from remat_toolkit._src.transform import remat_region
 
 cp = jax.checkpoint_policies
@@ -742,11 +741,14 @@ def test_every_entry_point_accepts_what_the_resolver_accepts(policy):
 
 def test_a_jax_policy_needs_no_name_discovery():
   # A raw JAX policy decides what it keeps by itself: nothing to expand.
-  assert not transform.names_decide_policy(cp.dots_saveable)
-  assert not transform.names_decide_policy(rt.Policy.from_jax(cp.dots_saveable))
-  assert transform.names_decide_policy("save-ffn")
+  def reads_names(policy):
+    return lowering.region_policy(policy, "layers_0").reads_names
+
+  assert not reads_names(cp.dots_saveable)
+  assert not reads_names(rt.Policy.from_jax(cp.dots_saveable))
+  assert reads_names("save-ffn")
   with rt.use_policy(cp.dots_saveable):
-    assert not transform.names_decide_policy(None)
+    assert not reads_names(None)
 
 
 def test_name_nnx_modules_refuses_what_is_not_an_nnx_module():

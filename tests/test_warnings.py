@@ -327,8 +327,9 @@ def test_the_trace_time_names_warning_has_a_switch():
   # Results that carry the finding silence the one rt.remat regions raise
   # when traced; a switch, not a filter on the message's wording.
   policy = rt.Policy(name="keeps-a-name-nobody-has", save=["nobody.has.this"])
+  region = lowering.region_policy(policy, "layers_0")
   with lowering.silence_unmatched_warnings():
-    _, raised = made(lambda: lowering.warn_if_unmatched(policy, ["ffn.up"]))
+    _, raised = made(lambda: lowering.warn_if_unmatched(region, ["ffn.up"]))
   assert raised == []
-  _, raised = made(lambda: lowering.warn_if_unmatched(policy, ["ffn.up"]))
+  _, raised = made(lambda: lowering.warn_if_unmatched(region, ["ffn.up"]))
   assert len(raised) == 1 and "'nobody.has.this'" in raised[0]

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from remat_toolkit._src.policy import BASELINES
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.policy import normalize_name
 from remat_toolkit._src.policy_toml import parse_policy_file
@@ -33,6 +34,9 @@ __all__ = ["get_policy", "list_policies", "load_policies", "register_policy",
            "builtin_policy_dir"]
 
 POLICY_PATH_ENV = "REMAT_TOOLKIT_POLICY_PATH"
+
+#: Where the catalogue says the baselines come from.
+BUILT_IN = "built in (the baseline every result is measured against)"
 
 
 def builtin_policy_dir() -> Path:
@@ -75,7 +79,8 @@ class _Registry:
     with self._lock:
       if not self._builtins_loaded:
         self._builtins_loaded = True
-        self.add(_read_path(builtin_policy_dir()), override=False)
+        self.add([(p, BUILT_IN) for p in BASELINES]
+                 + _read_path(builtin_policy_dir()), override=False)
       env = os.environ.get(POLICY_PATH_ENV, "")
       if env and env != self._loaded_env:
         loaded: list[tuple[Policy, str]] = []
@@ -97,8 +102,13 @@ class _Registry:
           owner = aliases.get(key, key if key in policies else None)
           if owner is None:
             continue
+          field = "name" if i == 0 else "aliases"
+          if sources.get(owner) == BUILT_IN:
+            raise ValueError(
+                f"{source}: key {field!r}: policy name {key!r} is the built-in "
+                f"{owner!r}, the baseline every result is measured against, "
+                "which no policy replaces; name your policy differently.")
           if not override:
-            field = "name" if i == 0 else "aliases"
             raise ValueError(
                 f"{source}: key {field!r}: policy name {key!r} already exists "
                 f"(defined in {sources.get(owner, 'the catalogue')}); rename it "

@@ -96,8 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
   except SystemExit as e:  # argparse printed the usage error or --help.
     return e.code if isinstance(e.code, int) else 2
-  for note in cli_shared.deprecation_notes(args):
-    cli_shared.warn(note)
   from remat_toolkit._src import findings
   try:
     cli_shared.load_policy_files(args)

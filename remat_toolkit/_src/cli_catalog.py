@@ -28,20 +28,20 @@ import jax
 from remat_toolkit._src import catalog
 from remat_toolkit._src import compat
 from remat_toolkit._src import format as fmt
+from remat_toolkit._src import resolve
 from remat_toolkit._src import tags
 from remat_toolkit._src.cli_shared import POLICY_HELP
 from remat_toolkit._src.cli_shared import PROG
 from remat_toolkit._src.cli_shared import command_parser
 from remat_toolkit._src.cli_shared import emit
 from remat_toolkit._src.cli_shared import policy_source
-from remat_toolkit._src.cli_shared import resolve_policy_arg
+from remat_toolkit._src.globs import is_glob
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.policy import unrunnable_reason
 
 __all__ = ["PolicyListing", "PolicyDescription", "add_list_parser",
            "add_show_parser"]
 
-_GLOB_CHARS = frozenset("*?[")
 _TEXT_WIDTH = 88
 
 
@@ -82,13 +82,9 @@ def _policy_record(policy: Policy, source: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- table
 
-def _is_pattern(name: str) -> bool:
-  return any(c in _GLOB_CHARS for c in name)
-
-
 def _names_cell(names: Sequence[str]) -> str:
   """Tag names in full; MaxText equivalents and glob patterns as counts."""
-  patterns = [n for n in names if _is_pattern(n)]
+  patterns = [n for n in names if is_glob(n)]
   maxtext = [n for n in names if n in tags.MAXTEXT_NAMES]
   shown = [n for n in names if n not in patterns and n not in maxtext]
   if not shown:  # a policy written only in MaxText names: show them.
@@ -212,7 +208,7 @@ def _field_lines(policy: Policy, source: str) -> list[str]:
 
 def _lowering_lines(policy: Policy) -> list[str]:
   head = "Lowers to:"
-  if any(_is_pattern(n) for n in policy.patterns):
+  if any(is_glob(n) for n in policy.patterns):
     head = ("Lowers to (glob patterns expanded here against the tag "
             "vocabulary and MaxText names; at trace time, against the "
             "checkpoint names in your function):")
@@ -272,5 +268,5 @@ def add_show_parser(subparsers: Any) -> None:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-  policy = resolve_policy_arg(args.name)
+  policy = resolve.resolve_policy(args.name)
   return emit(PolicyDescription(policy, policy_source(args.name)), args)

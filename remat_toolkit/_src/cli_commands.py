@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from remat_toolkit._src import resolve
 from remat_toolkit._src.cli_models import add_model_options
 from remat_toolkit._src.cli_models import bench_model
 from remat_toolkit._src.cli_models import load_model
@@ -30,8 +31,7 @@ from remat_toolkit._src.cli_shared import add_policy_argument
 from remat_toolkit._src.cli_shared import add_policy_list_arguments
 from remat_toolkit._src.cli_shared import command_parser
 from remat_toolkit._src.cli_shared import emit
-from remat_toolkit._src.cli_shared import resolve_policy_arg
-from remat_toolkit._src.cli_shared import resolve_policy_list
+from remat_toolkit._src.cli_shared import policy_list
 
 __all__ = ["PARSER_BUILDERS"]
 
@@ -55,7 +55,7 @@ def _add_compare_parser(subparsers: Any) -> None:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
   from remat_toolkit._src import analysis
-  policies = resolve_policy_list(args)
+  policies = policy_list(args)
   loss_fn, loss_args = load_model(args)
   comparison = analysis.compare(loss_fn, *loss_args, policies=policies,
                                 compile=args.compile)
@@ -83,7 +83,7 @@ def _add_analyze_parser(subparsers: Any) -> None:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
   from remat_toolkit._src import analysis
-  policy = resolve_policy_arg(args.policy)
+  policy = None if args.policy is None else resolve.resolve_policy(args.policy)
   loss_fn, loss_args = load_model(args)
   report = analysis.analyze(loss_fn, *loss_args, policy=policy,
                             compile=args.compile)
@@ -153,7 +153,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
   from remat_toolkit._src.batch_search import largest_batch
   from remat_toolkit._src.bench import bench
   model, options = bench_model(args)
-  common = dict(policies=resolve_policy_list(args),
+  common = dict(policies=policy_list(args),
                 time_limit_s=args.time_limit, progress=not args.quiet,
                 **options)
   if args.max_batch_under is not None:
@@ -292,7 +292,7 @@ def _add_breakdown_parser(subparsers: Any) -> None:
 
 def _cmd_breakdown(args: argparse.Namespace) -> int:
   from remat_toolkit._src.breakdown import memory_breakdown
-  policy = resolve_policy_arg(args.policy)
+  policy = None if args.policy is None else resolve.resolve_policy(args.policy)
   loss_fn, loss_args = load_model(args)
   result = memory_breakdown(loss_fn, *loss_args, optimizer=args.optimizer,
                             policy=policy, compile=args.compile)
@@ -327,7 +327,7 @@ def _add_verify_parser(subparsers: Any) -> None:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
   from remat_toolkit._src.verify import verify
-  policy = resolve_policy_arg(args.policy)
+  policy = None if args.policy is None else resolve.resolve_policy(args.policy)
   loss_fn, loss_args = load_model(args)
   result = verify(loss_fn, *loss_args, policy=policy, rtol=args.rtol,
                   atol=args.atol, check_values=not args.no_values,

@@ -1,9 +1,10 @@
 """Where a policy is lowered: the one path from a region's policy to JAX's.
 
-Every remat region calls :func:`region_jax_policy` when it is traced, with
-its key (:mod:`~remat_toolkit._src.region_keys`); the result is what
-``jax.checkpoint(policy=...)`` gets. A per-region policy lowers the policy of
-that key. The analyzer uses the one documented hook,
+Every remat region decides what it runs under once, when it is traced
+(:func:`region_policy`, with its key from :mod:`~remat_toolkit._src.
+region_keys`: a per-region policy gives the policy of that key), and carries
+that decision to :func:`region_jax_policy`, whose result is what
+``jax.checkpoint(policy=...)`` gets. The analyzer uses the one documented hook,
 :func:`substitute_ambient`, to trace a model once and read it under every
 policy: inside it, regions that read the ambient policy lower to a marker
 (one per region key, :class:`RegionMarkers`) that the analyzer later
@@ -12,11 +13,13 @@ replaces, while regions with a policy of their own lower as always.
 Example:
   >>> import jax
   >>> from remat_toolkit._src import lowering
-  >>> lowering.region_jax_policy("save-everything", names=())
+  >>> region = lowering.region_policy("save-everything", "layers_0")
+  >>> lowering.region_jax_policy(region, names=())
   ... # doctest: +ELLIPSIS
   <function everything_saveable at ...>
   >>> with lowering.substitute_ambient(jax.checkpoint_policies.dots_saveable):
-  ...   lowering.region_jax_policy(None) is jax.checkpoint_policies.dots_saveable
+  ...   region = lowering.region_policy(None)
+  >>> lowering.region_jax_policy(region) is jax.checkpoint_policies.dots_saveable
   True
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import warnings
 from collections.abc import Iterable
 from collections.abc import Iterator
@@ -32,10 +36,13 @@ from typing import Any
 from remat_toolkit._src import compat
 from remat_toolkit._src import region_keys
 from remat_toolkit._src import resolve
+from remat_toolkit._src.policy import BOUNDARY_ONLY
+from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.resolve import PolicyLike
 
-__all__ = ["region_jax_policy", "substitute_ambient", "ambient_substituted",
-           "RegionMarkers", "warn_if_unmatched",
+__all__ = ["RegionPolicy", "region_policy", "region_jax_policy",
+           "substitute_ambient", "ambient_substituted", "RegionMarkers",
+           "warn_if_unmatched",
            "silence_unmatched_warnings", "reset_unmatched_warnings"]
 
 _substitute: contextvars.ContextVar[Any] = contextvars.ContextVar(
@@ -91,19 +98,70 @@ class RegionMarkers:
     return self._inputs.get(key)
 
 
-def region_jax_policy(policy: PolicyLike, names: Iterable[str] | None = None,
-                      region: str | None = None,
-                      inputs: tuple[bool, ...] | None = None) -> Any:
-  """The JAX policy object for one remat region, decided at trace time.
+@dataclasses.dataclass(frozen=True)
+class RegionPolicy:
+  """What one remat region being traced runs under, decided once.
+
+  Made by :func:`region_policy` when the region is traced and carried to
+  everything that needs it (its names, its lowering, its warnings), so a
+  policy is resolved once per region trace.
+
+  Attributes:
+    key: the region's key (:mod:`~remat_toolkit._src.region_keys`).
+    policy: the policy the region runs under (a per-region policy's entry
+      for ``key``); None while the analyzer traces it
+      (:func:`substitute_ambient`), or when a per-region policy has none
+      for ``key`` (``uncovered``).
+    substitute: the analyzer's stand-in, when it traces the region.
+    uncovered: the per-region policy that names no policy for ``key``.
+  """
+
+  key: str
+  policy: Policy | None
+  substitute: Any = None
+  uncovered: Policy | None = None
+
+  @property
+  def reads_names(self) -> bool:
+    """Whether the lowering (or its warning) depends on the region's names:
+    a policy of ours with name patterns."""
+    return (self.policy is not None and not self.policy.is_jax_policy
+            and bool(self.policy.patterns))
+
+
+def region_policy(policy: PolicyLike, region: str | None = None
+                  ) -> RegionPolicy:
+  """Decides what a region being traced runs under.
 
   Args:
     policy: the region's own policy (anything
       :func:`~remat_toolkit._src.resolve.resolve_policy` accepts), or None
-      for the ambient one.
-    names: checkpoint names present in the region, to expand glob patterns
-      against (default: every name known).
+      for the ambient one, read now.
     region: the region's key (:func:`region_keys.region_key`); default: the
       next position, as for a region of a plain function.
+
+  Returns:
+    The :class:`RegionPolicy`.
+  """
+  key = region_keys.region_key(None) if region is None else region
+  substitute = _substitute.get()
+  if policy is None and substitute is not None:
+    return RegionPolicy(key, None, substitute=substitute)
+  resolved = resolve.resolve_policy(policy)
+  if not resolved.is_per_region:
+    return RegionPolicy(key, resolved)
+  chosen = resolved.for_region(key)
+  return RegionPolicy(key, chosen, uncovered=None if chosen else resolved)
+
+
+def region_jax_policy(region: RegionPolicy, names: Iterable[str] | None = None,
+                      inputs: tuple[bool, ...] | None = None) -> Any:
+  """The JAX policy object for one remat region.
+
+  Args:
+    region: what the region runs under (:func:`region_policy`).
+    names: checkpoint names present in the region, to expand glob patterns
+      against (default: every name known).
     inputs: which of the region's inputs it names when its policy moves
       them (:func:`~remat_toolkit._src.region_inputs.input_mask`), recorded
       with the analyzer's marker.
@@ -111,18 +169,17 @@ def region_jax_policy(policy: PolicyLike, names: Iterable[str] | None = None,
   Returns:
     An object accepted by ``jax.checkpoint(policy=...)``.
   """
-  key = region_keys.region_key(None) if region is None else region
-  substitute = _substitute.get()
-  if policy is None and substitute is not None:
-    if isinstance(substitute, RegionMarkers):
-      if inputs is not None:
-        substitute.note_inputs(key, inputs)
-      return substitute.marker(key)
+  substitute = region.substitute
+  if isinstance(substitute, RegionMarkers):
+    if inputs is not None:
+      substitute.note_inputs(region.key, inputs)
+    return substitute.marker(region.key)
+  if substitute is not None:
     return substitute
-  resolved = resolve.resolve_policy(policy)
-  if resolved.is_per_region:
-    _warn_if_uncovered(resolved, key)
-  return resolved.to_jax(names, region=key)
+  if region.uncovered is not None:
+    _warn_if_uncovered(region.uncovered, region.key)
+    return BOUNDARY_ONLY.to_jax(names, region=region.key)
+  return region.policy.to_jax(names, region=region.key)
 
 
 @contextlib.contextmanager
@@ -177,31 +234,25 @@ def reset_unmatched_warnings() -> None:
   _warned.clear()
 
 
-def warn_if_unmatched(policy: PolicyLike, names: Iterable[str],
-                      where: str = "a remat region",
-                      region: str | None = None) -> None:
-  """Warns once when a policy's name patterns match nothing present.
+def warn_if_unmatched(region: RegionPolicy, names: Iterable[str],
+                      where: str = "a remat region") -> None:
+  """Warns once when a region's policy's name patterns match nothing present.
 
   A policy whose names are all absent from a region keeps nothing: a silent
-  no-op is the failure users hit most. A per-region policy is judged by the
-  policy of ``region``.
+  no-op is the failure users hit most.
   """
-  if _silenced.get() or (policy is None and ambient_substituted()):
-    return
-  resolved = resolve.resolve_policy(policy)
-  if resolved.is_per_region:
-    resolved = resolved.for_region(region) if region is not None else None
-    if resolved is None:
-      return  # _warn_if_uncovered says so when the region is lowered
+  policy = region.policy
+  if _silenced.get() or policy is None:
+    return  # the analyzer's trace, or an uncovered region (warned apart)
   present = frozenset(names)
-  if not resolved.patterns or any(resolved.matches(n) for n in present):
+  if not policy.patterns or any(policy.matches(n) for n in present):
     return
-  key = (resolved.key, present)
+  key = (policy.key, present)
   if key in _warned:
     return
   _warned.add(key)
   warnings.warn(
-      f"Policy {resolved.name!r} names {list(resolved.patterns)} but none of "
+      f"Policy {policy.name!r} names {list(policy.patterns)} but none of "
       f"them is present in {where}, which has "
       f"{sorted(present) if present else 'no checkpoint names'}; the region "
       "will keep only its inputs. Tag tensors with remat_toolkit.tag(x, name) "

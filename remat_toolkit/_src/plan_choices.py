@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.globs import escape_glob
 from remat_toolkit._src.plan_per_device import device_figures
 from remat_toolkit._src.plan_search import Choice
 from remat_toolkit._src.plan_search import Outcome
@@ -46,22 +47,13 @@ MODES: dict[str, dict[str, Any]] = {
 }
 OFFLOAD_MODES = frozenset({"offload-matmuls-no-batch"})
 
-_GLOB_ESCAPES = {"*": "[*]", "?": "[?]", "[": "[[]"}
-
-
 def choice_policy(choice: Choice, name: str, description: str = "") -> Policy:
   """The :class:`Policy` that does what ``choice`` says."""
   if choice.mode:
     return Policy(name=name, description=description, **MODES[choice.mode])
   return Policy(name=name, description=description,
-                save=tuple(literal(n) for n in sorted(choice.save)),
-                offload=tuple(literal(n) for n in sorted(choice.offload)))
-
-
-def literal(name: str) -> str:
-  # A checkpoint name is matched as a glob pattern if it has * ? or [;
-  # escape them so the plan selects exactly that name.
-  return "".join(_GLOB_ESCAPES.get(c, c) for c in name)
+                save=tuple(escape_glob(n) for n in sorted(choice.save)),
+                offload=tuple(escape_glob(n) for n in sorted(choice.offload)))
 
 
 # What allow_offload=True would run: asked of the same decision as every

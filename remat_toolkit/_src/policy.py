@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,6 +22,8 @@ import jax
 from remat_toolkit._src import compat as compat
 from remat_toolkit._src import region_keys
 from remat_toolkit._src import tags
+from remat_toolkit._src.globs import glob_match
+from remat_toolkit._src.globs import is_glob
 
 __all__ = ["Policy", "Lowering", "MATMUL_MODES", "MEMORY_KINDS",
            "normalize_name", "unrunnable_reason"]
@@ -40,16 +41,9 @@ MATMUL_MODES: dict[str, str] = {
 #: Memory kinds accepted for ``offload_src`` / ``offload_dst``.
 MEMORY_KINDS: tuple[str, ...] = ("device", "pinned_host", "unpinned_host")
 
-_GLOB_CHARS = frozenset("*?[")
-
-
 def normalize_name(name: str) -> str:
   """Canonical policy name: lower case, ``_`` and ``-`` interchangeable."""
   return name.strip().lower().replace("_", "-")
-
-
-def _is_pattern(name: str) -> bool:
-  return any(c in _GLOB_CHARS for c in name)
 
 
 def _as_name_tuple(field: str, value: Any) -> tuple[str, ...]:
@@ -476,19 +470,16 @@ def unrunnable_reason(policy: Policy) -> str | None:
 
 
 def _name_matches(name: str, pattern: str) -> bool:
-  """Whether ``name`` matches ``pattern`` (a glob or an exact name), ignoring
-  case: module paths are spelt ``SelfAttention`` in one model and ``attn`` in
-  another, and one catalogue serves both."""
-  if _is_pattern(pattern):
-    return fnmatch.fnmatchcase(name.lower(), pattern.lower())
-  return name.lower() == pattern.lower()
+  # Case is ignored: module paths are spelt SelfAttention in one model and
+  # attn in another, and one catalogue serves both.
+  return glob_match(name, pattern, ignore_case=True)
 
 
 def _expand(patterns: tuple[str, ...], pool: frozenset[str],
             exclude: tuple[str, ...] = ()) -> frozenset[str]:
   out: set[str] = set()
   for p in patterns:
-    if not _is_pattern(p):
+    if not is_glob(p):
       out.add(p)  # kept as written even when absent, as JAX would
     out.update(n for n in pool if _name_matches(n, p))
   return frozenset(n for n in out
@@ -561,3 +552,30 @@ class Lowering:
     if self.args or self.constructor in ("save_only_these_names",):
       return f"{call}({', '.join(repr(a) for a in self.args)})"
     return call
+
+
+# ------------------------------------------------------------ the baselines
+# Every result is measured against these two, so they are values of the
+# code, not catalogue entries: the catalogue lists them, but no policy file
+# can replace what "boundary-only" or "% of save-everything" means.
+
+#: The least a remat region can keep: its inputs. Also the ambient policy
+#: when no ``use_policy`` block is active.
+BOUNDARY_ONLY = Policy(
+    name="boundary-only",
+    description=("Least memory: keeps only each remat region's inputs and "
+                 "recomputes the whole region in the backward pass (about "
+                 "one extra forward pass); use when activations do not fit "
+                 "any other way."),
+    aliases=("full", "save_nothing", "nothing-saveable"))
+
+#: The reference every "% of save-everything" figure is relative to.
+SAVE_EVERYTHING = Policy(
+    name="save-everything",
+    description=("No recomputation and the most activation memory: the "
+                 "baseline every comparison is measured against; use when "
+                 "memory is not the constraint."),
+    aliases=("everything-saveable", "no-remat"), save_everything=True)
+
+#: The baselines, which the catalogue holds from the start.
+BASELINES: tuple[Policy, ...] = (BOUNDARY_ONLY, SAVE_EVERYTHING)

@@ -36,13 +36,10 @@ import jax
 import jax.numpy as jnp
 
 from remat_toolkit._src import compat
-from remat_toolkit._src import lowering
-from remat_toolkit._src import resolve
 from remat_toolkit._src import tags
 from remat_toolkit._src.policy import Policy
-from remat_toolkit._src.resolve import PolicyLike
 
-__all__ = ["INPUT_NAME", "selects_inputs", "names_inputs", "input_mask",
+__all__ = ["INPUT_NAME", "selects_inputs", "input_mask",
            "name_inputs", "name_body_inputs"]
 
 #: The checkpoint name of every region input the toolkit names.
@@ -57,27 +54,13 @@ def selects_inputs(policy: Policy | None) -> bool:
   a function argument named inside the region would become a named copy
   JAX counts as a residual of its own; regions name their inputs for
   policies that move them. A policy that keeps everything, a matmul rule
-  or a policy of JAX's own selects no name.
+  or a policy of JAX's own selects no name; neither does None (the
+  analyzer's trace, which names inputs per policy on the traced body).
   """
   if (policy is None or policy.is_jax_policy or policy.save_everything
       or policy.matmuls != "none" or policy.is_per_region):
     return False
   return INPUT_NAME in policy.expand({INPUT_NAME})[1]
-
-
-def names_inputs(policy: PolicyLike, region: str) -> bool:
-  """Whether a region of key ``region`` being traced now names its inputs.
-
-  Args:
-    policy: the region's own policy, or None for the ambient one.
-    region: the region's key (:mod:`~remat_toolkit._src.region_keys`).
-  """
-  if policy is None and lowering.ambient_substituted():
-    return False  # the analyzer names them per policy, on the traced body
-  resolved = resolve.resolve_policy(policy)
-  if resolved.is_per_region:
-    resolved = resolved.for_region(region)
-  return selects_inputs(resolved)
 
 
 def input_mask(prefix: Any, dynamic: Any) -> tuple[bool, ...]:

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import fnmatch
 import itertools
 import re
 from collections.abc import Iterator
 from collections.abc import Sequence
 
+from remat_toolkit._src.globs import glob_match
+
 __all__ = ["region_key", "counting", "key_matches", "is_positional",
-           "position_of", "is_pattern"]
+           "position_of"]
 
 _counter: contextvars.ContextVar[itertools.count | None] = (
     contextvars.ContextVar("remat_toolkit_region_positions", default=None))
@@ -39,7 +40,6 @@ _counter: contextvars.ContextVar[itertools.count | None] = (
 _loose = itertools.count()
 
 _POSITION = re.compile(r"#(\d+)")
-_GLOB_CHARS = frozenset("*?[")
 
 
 @contextlib.contextmanager
@@ -69,16 +69,10 @@ def region_key(path: Sequence[str] | None) -> str:
   return f"#{next(counter if counter is not None else _loose)}"
 
 
-def is_pattern(key: str) -> bool:
-  """Whether a region key written by a user is a glob pattern."""
-  return any(c in _GLOB_CHARS for c in key)
-
-
 def key_matches(key: str, pattern: str) -> bool:
   """Whether region ``key`` matches ``pattern`` (a key, or a glob where
   ``*`` also crosses ``/``)."""
-  return key == pattern or (is_pattern(pattern)
-                            and fnmatch.fnmatchcase(key, pattern))
+  return glob_match(key, pattern)
 
 
 def is_positional(key: str) -> bool:

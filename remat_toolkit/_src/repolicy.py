@@ -115,12 +115,13 @@ def _rewrite(program: Any, policy: PolicyLike,
     # Its computed inputs: the function's own arguments (the weights
     # nn.remat passes in) are held by the caller anyway.
     mask = tuple(v not in arguments for v in eqn.invars)
-    if region_inputs.names_inputs(policy, key):
+    region = lowering.region_policy(policy, key)
+    if region_inputs.selects_inputs(region.policy):
       body = region_inputs.name_body_inputs(body, mask)
       names |= {region_inputs.INPUT_NAME}  # a region fed only arguments
-    lowering.warn_if_unmatched(policy, names, f"remat region {key!r}", key)
+    lowering.warn_if_unmatched(region, names, f"remat region {key!r}")
     return compat.with_remat(
-        eqn, body, lowering.region_jax_policy(policy, names, key, mask))
+        eqn, body, lowering.region_jax_policy(region, names, mask))
 
   new = _jaxpr.rewrite(program, on_eqn)
   _warn_unmatched_patterns(patterns, hits, keys)

@@ -2,71 +2,105 @@
 
 Every entry point (the transforms, the analyzer, the planner, the benchmark,
 the checks and the command line) turns what the user gave into a
-:class:`Policy` here, so a name, a Policy and a raw JAX policy are accepted
-alike everywhere, and refused with the same message.
+:class:`Policy` here, so a name, a Policy, a plan and a raw JAX policy are
+accepted alike everywhere, and refused with the same message. None means
+the ambient policy: the one :func:`use_policy` sets, read when a region is
+traced (:data:`BOUNDARY_ONLY` outside any block).
 
-The baselines results are measured against are constants of the code, not
-catalogue entries: a user file called ``save-everything.toml`` cannot change
-what "% of save-everything" means.
+The baselines results are measured against are constants of the code
+(:data:`BOUNDARY_ONLY`, :data:`SAVE_EVERYTHING`), which no policy file can
+replace.
 
 Example:
+  >>> import remat_toolkit as rt
   >>> from remat_toolkit._src import resolve
   >>> resolve.resolve_policy("save_qkv_proj").name
   'save-qkv'
+  >>> rt.current_policy().name
+  'boundary-only'
+  >>> with rt.use_policy("save-ffn"):
+  ...   resolve.resolve_policy(None).name
+  'save-ffn'
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import os
+import warnings
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from remat_toolkit._src import catalog
-from remat_toolkit._src import context
+from remat_toolkit._src import compat
+from remat_toolkit._src import region_keys
+from remat_toolkit._src.policy import BOUNDARY_ONLY
+from remat_toolkit._src.policy import SAVE_EVERYTHING
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.policy import unrunnable_reason
 
 __all__ = ["SAVE_EVERYTHING", "BOUNDARY_ONLY", "PolicyLike", "resolve_policy",
            "resolve_policies", "require_runnable", "split_runnable",
-           "unrunnable_reason"]
+           "unrunnable_reason", "use_policy", "current_policy",
+           "is_policy_file"]
 
-#: The reference every "% of save-everything" figure is relative to.
-SAVE_EVERYTHING = Policy(
-    name="save-everything", save_everything=True,
-    description="keep every residual: no recomputation, the most memory")
-
-#: The least a remat region can keep: its inputs.
-BOUNDARY_ONLY = Policy(
-    name="boundary-only",
-    description="keep only each region's inputs: the least memory, the most "
-                "recomputation")
+_ambient: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(
+    "remat_toolkit_ambient_policy", default=None)
 
 #: What every ``policy=`` argument accepts (a plan from ``rt.plan`` too).
-PolicyLike = str | Policy | Callable[..., Any] | Any | None
+PolicyLike = str | os.PathLike | Policy | Callable[..., Any] | Any | None
 
-_ACCEPTED = ("a policy name (see remat_toolkit.list_policies()), a "
-             "remat_toolkit.Policy, a plan from remat_toolkit.plan, a "
-             "jax.checkpoint_policies policy or None (the ambient policy)")
+_ACCEPTED = ("a policy name (see remat_toolkit.list_policies()), the path of "
+             "a .toml policy file, a remat_toolkit.Policy, a plan from "
+             "remat_toolkit.plan, a jax.checkpoint_policies policy or None "
+             "(the ambient policy)")
+
+
+def is_policy_file(value: Any) -> bool:
+  """Whether ``value`` names a policy file rather than a catalogue entry:
+  a path object, or a string ending in ``.toml`` or holding a separator."""
+  if isinstance(value, os.PathLike):
+    return True
+  return isinstance(value, str) and (
+      value.endswith(".toml") or "/" in value or "\\" in value)
+
+
+def _read_policy_file(path: str | os.PathLike) -> Policy:
+  if not Path(path).is_file():
+    raise FileNotFoundError(
+        f"Policy file {str(path)!r} does not exist; give a policy name (see "
+        "remat_toolkit.list_policies() or `remat-toolkit list`) or the path "
+        "of a .toml policy file.")
+  return catalog.parse_policy_file(path)
 
 
 def resolve_policy(policy: PolicyLike, *, argument: str = "policy") -> Policy:
   """The :class:`Policy` meant by ``policy``.
 
   Args:
-    policy: a catalogue name or alias, a :class:`Policy`, a plan (its
-      policy), a raw JAX policy (wrapped by :meth:`Policy.from_jax`), or
-      None for the ambient policy.
+    policy: a catalogue name or alias, the path of a ``.toml`` policy file
+      (read, not registered), a :class:`Policy`, a plan (its policy), a raw
+      JAX policy (wrapped by :meth:`Policy.from_jax`), or None for the
+      ambient policy.
     argument: the parameter's name, for the error message.
 
   Returns:
     The resolved :class:`Policy`.
 
   Raises:
-    ValueError: for an unknown name (listing the closest ones).
+    ValueError: for an unknown name (listing the closest ones), or a
+      malformed policy file.
+    FileNotFoundError: for a policy file that does not exist.
     TypeError: for anything else.
   """
   if policy is None:
-    return context.current_policy()
+    return current_policy()
+  if is_policy_file(policy):
+    return _read_policy_file(policy)
   if isinstance(policy, (str, Policy)):
     return catalog.get_policy(policy)
   planned = _planned_policy(policy)
@@ -79,9 +113,13 @@ def resolve_policy(policy: PolicyLike, *, argument: str = "policy") -> Policy:
 
 
 def _planned_policy(value: Any) -> Policy | None:
-  """The policy of a plan (what ``rt.plan`` returns), else None."""
-  from remat_toolkit._src.plan_result import Plan  # results import resolve
-  return value.policy if isinstance(value, Plan) else None
+  """The policy of a plan (what ``rt.plan`` returns), else None.
+
+  A plan is recognised by what it carries, a :class:`Policy` as its
+  ``policy``, so this layer needs no knowledge of the planner's results.
+  """
+  policy = getattr(value, "policy", None)
+  return policy if isinstance(policy, Policy) else None
 
 
 def resolve_policies(policies: Sequence[PolicyLike] | None, *,
@@ -119,7 +157,8 @@ def resolve_policies(policies: Sequence[PolicyLike] | None, *,
                      f"{argument}=['save-attention'].")
   unique: dict[str, Policy] = {}
   for item in items:
-    if item is None or not (isinstance(item, (str, Policy)) or callable(item)
+    if item is None or not (isinstance(item, (str, Policy, os.PathLike))
+                            or callable(item)
                             or _planned_policy(item) is not None):
       raise TypeError(
           f"{argument} must hold policy names, remat_toolkit.Policy values, "
@@ -159,3 +198,91 @@ def split_runnable(policies: Sequence[Policy]
     else:
       skipped[p.name] = reason
   return runnable, skipped
+
+
+# ------------------------------------------------------------ the ambient policy
+
+@contextlib.contextmanager
+def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
+  """Sets the ambient policy for regions traced inside the block.
+
+  Regions built with ``policy=None`` read it when they are traced, so one
+  model can be compared under many policies without editing it. The policy
+  is part of JAX's jit cache key, as ``jax.default_matmul_precision`` is: a
+  function jitted with ``jax.jit``, ``nn.jit`` or ``nnx.jit`` runs under the
+  policy active when it is called, traced again when that policy changes
+  and not when an equal one returns. Under a
+  per-region policy (a plan made with ``per_layer=True``) each region takes
+  the policy of its own key: its module path, or for regions of plain
+  functions its position among those traced inside the block (``#0``,
+  ``#1``, ...).
+
+  Args:
+    policy: a policy name, a :class:`Policy`, a plan from
+      :func:`remat_toolkit.plan`, or a raw JAX policy (what every
+      ``policy=`` accepts, except None: the ambient policy is what this
+      sets).
+
+  Yields:
+    The resolved :class:`Policy`.
+
+  Raises:
+    ValueError: for an unknown name (before the block runs).
+    TypeError: for anything else (None included).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> f = rt.remat(lambda x: jnp.sin(rt.tag(jnp.sin(x), "ffn.up")))
+    >>> with rt.use_policy("save-ffn") as policy:
+    ...   policy.name, float(jax.grad(f)(0.0))
+    ('save-ffn', 1.0)
+  """
+  if policy is None:
+    raise TypeError("use_policy takes a policy name, a remat_toolkit.Policy or "
+                    "a jax.checkpoint_policies policy, got None; e.g. "
+                    "rt.use_policy('save-ffn').")
+  resolved = resolve_policy(policy, argument="use_policy's policy")
+  _warn_without_trace_key()
+  token = _ambient.set(resolved)
+  try:
+    with region_keys.counting(), compat.trace_key_part("ambient", resolved):
+      yield resolved
+  finally:
+    _ambient.reset(token)
+
+
+def _warn_without_trace_key() -> None:
+  """Says once that jitted functions keep the policy of their first trace."""
+  global _warned_without_key
+  if compat.has_trace_key_context() or _warned_without_key:
+    return
+  _warned_without_key = True
+  warnings.warn(
+      "This JAX has no jax.make_user_context, so the ambient policy is not "
+      "part of jit cache keys: a function jitted (jax.jit, nn.jit, nnx.jit) "
+      "and traced before this use_policy block keeps the policy of its first "
+      "trace. Jit it anew inside the block, or upgrade JAX.",
+      UserWarning, stacklevel=4)
+
+
+_warned_without_key = False
+
+
+def current_policy() -> Policy:
+  """The ambient policy (``boundary-only`` unless ``use_policy`` set one).
+
+  Regions built with ``policy=None`` lower this policy when they are traced.
+
+  Returns:
+    The :class:`Policy` of the innermost active :func:`use_policy` block, or
+    :data:`BOUNDARY_ONLY`.
+
+  Example:
+    >>> import jax
+    >>> import remat_toolkit as rt
+    >>> with rt.use_policy(jax.checkpoint_policies.dots_saveable):
+    ...   rt.current_policy().is_jax_policy
+    True
+  """
+  return _ambient.get() or BOUNDARY_ONLY

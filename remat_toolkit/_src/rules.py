@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import fnmatch
 import functools
 import warnings
 import weakref
@@ -35,6 +34,7 @@ from remat_toolkit._src import tags
 from remat_toolkit._src import transform
 from remat_toolkit._src.discovery import Path
 from remat_toolkit._src.discovery import RematSummary
+from remat_toolkit._src.globs import glob_match
 from remat_toolkit._src.resolve import PolicyLike
 
 __all__ = ["remat_modules", "remat_summary"]
@@ -58,8 +58,7 @@ class _Rules:
     if self.exact:
       return [(p, policy) for p, policy in self.items if p == path]
     return [(pattern, policy) for pattern, policy in self.items
-            if fnmatch.fnmatchcase(class_name, pattern)
-            or fnmatch.fnmatchcase(path, pattern)]
+            if glob_match(class_name, pattern) or glob_match(path, pattern)]
 
 
 def _validate_rules(rules: Any) -> _Rules:

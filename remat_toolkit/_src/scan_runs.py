@@ -62,9 +62,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from remat_toolkit._src import region_keys
 from remat_toolkit._src import resolve
 from remat_toolkit._src import transform
+from remat_toolkit._src.globs import is_glob
 from remat_toolkit._src.policy import Policy
 
 __all__ = ["Run", "planned_runs", "run_name", "run_where", "restack",
@@ -161,7 +161,7 @@ def _region_policies(policy: Any, where: str) -> list[Policy | None] | None:
   resolved = resolve.resolve_policy(policy)
   if not resolved.is_per_region:
     return None
-  globs = [key for key, _ in resolved.regions if region_keys.is_pattern(key)]
+  globs = [key for key, _ in resolved.regions if is_glob(key)]
   if globs:
     raise ValueError(
         f"{where}: the per-region policy {resolved.name!r} names regions by "

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from remat_toolkit._src import context
+from remat_toolkit._src import resolve
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.workload import Workload
 from remat_toolkit._src.workload import check_positive_int
@@ -94,7 +94,7 @@ def compile_step(workload: Workload, policy: Policy, grad_accum: int,
   start = time.perf_counter()
   # A fresh function per policy: jit caches traces by function, and the
   # ambient policy is read only while tracing.
-  with context.use_policy(policy):
+  with resolve.use_policy(policy):
     compiled = jax.jit(step, donate_argnums=0).lower(state, _abstract(batch)).compile()
   return compiled, time.perf_counter() - start
 

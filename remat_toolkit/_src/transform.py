@@ -49,7 +49,7 @@ from remat_toolkit._src import trace_cache
 from remat_toolkit._src.resolve import PolicyLike
 from remat_toolkit._src.trace_cache import is_array
 
-__all__ = ["remat", "remat_region", "names_decide_policy"]
+__all__ = ["remat", "remat_region"]
 
 
 # ---------------------------------------------------------------- settings
@@ -163,21 +163,6 @@ def _split_static(spec: RegionSpec, args: tuple, kwargs: dict
 
 # ---------------------------------------------------------------- the region
 
-def names_decide_policy(policy: PolicyLike) -> bool:
-  """Whether this region's lowering (or its warning) depends on its names."""
-  if policy is None and lowering.ambient_substituted():
-    # The analyzer gives regions that read the ambient policy one policy per
-    # trace itself; a region with its own policy still needs its names, or
-    # its patterns would expand against the names tagged so far in the
-    # process, which the first trace has not seen yet.
-    return False
-  resolved = resolve.resolve_policy(policy)  # None: the ambient one
-  if resolved.is_per_region:
-    return True  # the region's own policy may have patterns
-  # A policy of JAX's own is used as given: it has no patterns to expand.
-  return not resolved.is_jax_policy and bool(resolved.patterns)
-
-
 def _named_dynamic(body: Callable[..., Any], named: bool) -> Callable[..., Any]:
   """``body`` naming its dynamic inputs ``block.input`` first, if ``named``
   (:mod:`~remat_toolkit._src.region_inputs`); the prefix (a module's
@@ -192,12 +177,11 @@ def _named_dynamic(body: Callable[..., Any], named: bool) -> Callable[..., Any]:
 
 
 def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
-                       inputs: tuple, region: str) -> Any:
+                       inputs: tuple, region: lowering.RegionPolicy) -> Any:
   """Replays a traced region inside one ``jax.checkpoint``, its policy
   lowered against the names the trace contains."""
-  if names_decide_policy(spec.policy):
-    lowering.warn_if_unmatched(spec.policy, traced.names, spec.where, region)
-  jax_policy = lowering.region_jax_policy(spec.policy, traced.names, region,
+  lowering.warn_if_unmatched(region, traced.names, spec.where)
+  jax_policy = lowering.region_jax_policy(region, traced.names,
                                           region_inputs.input_mask(*inputs))
   return jax.checkpoint(traced.replay(), policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
@@ -205,12 +189,12 @@ def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
 
 def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
                      prefix: tuple, args: tuple, kwargs: dict,
-                     region: str) -> Any:
+                     key: str) -> Any:
   """``pure(*prefix, *args, **kwargs)`` as exactly one remat region.
 
   ``prefix`` holds pytrees of arrays that are always traced (a linen
   module's variables and rngs, an NNX module's state). The body is traced
-  first only when the policy needs the region's names. ``region`` is the
+  first only when the policy needs the region's names. ``key`` is the
   region's key (:mod:`~remat_toolkit._src.region_keys`).
   """
   dynamic, rebuild = _split_static(spec, args, kwargs)
@@ -220,13 +204,14 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
     return pure(*prefix_, *a, **kw)
 
   inputs = (prefix, dynamic)
-  named = region_inputs.names_inputs(spec.policy, region)
+  region = lowering.region_policy(spec.policy, key)
+  named = region_inputs.selects_inputs(region.policy)
   body = _named_dynamic(body, named)
-  if names_decide_policy(spec.policy):
+  if region.reads_names:
     return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs,
                               region)
   known = tags.known_names() | ({region_inputs.INPUT_NAME} if named else set())
-  jax_policy = lowering.region_jax_policy(spec.policy, known, region,
+  jax_policy = lowering.region_jax_policy(region, known,
                                           region_inputs.input_mask(*inputs))
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
@@ -251,11 +236,11 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
 
   inputs = ((), dynamic)
   traced = trace_cache.cached_trace(cache, key, body, inputs)
-  region = region_keys.region_key(None)
   # A plain function's key is known only once its body is traced (nested
   # regions are numbered first), so a region whose policy names its inputs
   # is traced again with the names, under a key of its own.
-  if region_inputs.names_inputs(spec.policy, region):
+  region = lowering.region_policy(spec.policy)
+  if region_inputs.selects_inputs(region.policy):
     traced = trace_cache.cached_trace(
         cache, None if key is None else (key, region_inputs.INPUT_NAME),
         _named_dynamic(body, True), inputs)
@@ -368,8 +353,7 @@ def _call_nnx(fn: Callable[..., Any], spec: RegionSpec, args: tuple,
           (a, kw), is_leaf=lambda x: isinstance(x, _NodeSlot))
       return merged(a, kw)
 
-    return _checkpoint_pure(pure, spec, (tuple(states),), *slotted,
-                            region=key)
+    return _checkpoint_pure(pure, spec, (tuple(states),), *slotted, key=key)
 
   modules = [x for x in jax.tree_util.tree_leaves(
       (args, kwargs), is_leaf=_is_nnx_node) if isinstance(x, nnx.Module)]
@@ -389,12 +373,12 @@ def remat_region(fn: Callable[..., Any], *, policy: PolicyLike = None,
                  name: str | None = None) -> Callable[..., Any]:
   """Makes ``g`` with ``g(*args) == fn(*args)``, computed in ONE remat region.
 
-  The region's JAX policy is resolved when ``g`` is called (trace time) with
-  ``lowering.region_jax_policy(policy, names)``, ``names`` being the checkpoint
-  names the region contains. If ``args[0]`` is a bound linen Module the region
-  is a Flax lifted remat (variables and rngs work, dropout masks repeat in the
-  recompute); if any argument is an NNX graph node the modules' state is
-  lifted like ``nnx.remat`` does; otherwise it is a ``jax.checkpoint``.
+  The region's policy is resolved when ``g`` is called (trace time), once,
+  and lowered against the checkpoint names the region contains. If
+  ``args[0]`` is a bound linen Module the region is a Flax lifted remat
+  (variables and rngs work, dropout masks repeat in the recompute); if any
+  argument is an NNX graph node the modules' state is lifted like
+  ``nnx.remat`` does; otherwise it is a ``jax.checkpoint``.
 
   Args:
     fn: the function; may take a linen Module or NNX modules as arguments.

@@ -47,7 +47,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from remat_toolkit._src import compat as compat
-from remat_toolkit._src import context
 from remat_toolkit._src import jaxpr as _jaxpr
 from remat_toolkit._src import lowering
 from remat_toolkit._src import resolve
@@ -491,4 +490,4 @@ def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
 
 def _ambient(policy: Policy):
   """Makes ``policy`` the one every ambient region takes while tracing."""
-  return context.use_policy(policy)
+  return resolve.use_policy(policy)
