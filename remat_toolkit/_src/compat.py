@@ -32,6 +32,11 @@ try:  # remat3 runs through hijax's call primitive; older releases lack it.
 except ImportError:  # pragma: no cover - depends on the JAX release
   _call_hi_primitive_p = None
 
+try:  # a custom_vjp call with jax_custom_vjp3 on (jax 0.12)
+  from jax._src.hijax import CustomVJPTraced as _CustomVJPTraced
+except ImportError:  # pragma: no cover - depends on the JAX release
+  _CustomVJPTraced = None
+
 try:  # the call of a jax.custom_vjp function, and its linearized form
   from jax._src.custom_derivatives import custom_vjp_call_p as _custom_vjp_call_p
   from jax._src.interpreters.ad import custom_lin_p as _custom_lin_p
@@ -52,7 +57,7 @@ __all__ = [
     "prefix_scopes", "eval_context", "user_source", "flax_lift_pack",
     "linen_scope_path",
     "linen_lift_transform", "linen_decorator_lift_transform",
-    "call_body", "kernel_name", "is_custom_vjp_call", "is_pallas_call",
+    "call_body", "hidden_jaxprs", "kernel_name", "is_custom_vjp_call", "is_pallas_call",
     "pallas_grid_size", "pallas_cost_flops", "custom_vjp_forward",
     "has_python_transpose", "mark_kernel", "kernel_mark_of",
     "remat3_sees_into_custom_vjp", "custom_vjp_alignment",
@@ -591,8 +596,9 @@ def call_body(eqn: JaxprEqn) -> Jaxpr | None:
   loops (``scan``), branches and kernels whose body works on refs
   (``pallas_call``) are not call-like.
   """
-  if is_remat(eqn):
-    body = remat_body_of(eqn)
+  hidden = hidden_jaxprs(eqn)
+  if hidden:
+    body = hidden[0]
   else:
     if is_scan(eqn) or "length" in eqn.params:
       return None
@@ -615,9 +621,31 @@ def call_body(eqn: JaxprEqn) -> Jaxpr | None:
   return body
 
 
+def _custom_vjp3_of(eqn: JaxprEqn) -> Any:
+  """The hijax primitive of a custom_vjp call made with ``jax_custom_vjp3``."""
+  prim = eqn.params.get("_prim")
+  if (_call_hi_primitive_p is not None and eqn.primitive is _call_hi_primitive_p
+      and _CustomVJPTraced is not None and isinstance(prim, _CustomVJPTraced)):
+    return prim
+  return None
+
+
+def hidden_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
+  """Jaxprs an equation runs that are no parameter of its own: a remat3
+  region's body, a ``jax_custom_vjp3`` call's primal function."""
+  if is_remat(eqn):
+    return [remat_body_of(eqn)]
+  prim = _custom_vjp3_of(eqn)
+  if prim is not None:
+    return [inner_jaxpr(prim.traced.jaxpr)]
+  return []
+
+
 def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
-  """Whether ``eqn`` calls a ``jax.custom_vjp`` function."""
-  return _custom_vjp_call_p is not None and eqn.primitive is _custom_vjp_call_p
+  """Whether ``eqn`` calls a ``jax.custom_vjp`` function (either
+  implementation: ``jax_custom_vjp3`` makes it a hijax call)."""
+  return ((_custom_vjp_call_p is not None and eqn.primitive is _custom_vjp_call_p)
+          or _custom_vjp3_of(eqn) is not None)
 
 
 def is_pallas_call(eqn: JaxprEqn) -> bool:
@@ -638,6 +666,9 @@ def kernel_name(eqn: JaxprEqn) -> str | None:
   function) or a ``pallas_call`` (named by its ``name`` parameter, else
   after its kernel function).
   """
+  prim = _custom_vjp3_of(eqn)
+  if prim is not None:
+    return getattr(prim.traced, "fun_name", None) or "custom_vjp"
   if is_custom_vjp_call(eqn):
     return _debug_name(eqn.params["call_jaxpr"]) or "custom_vjp"
   if is_pallas_call(eqn):
@@ -669,6 +700,9 @@ def custom_vjp_forward(eqn: JaxprEqn) -> Jaxpr | None:
   matmuls that only the forward rule has are found here. None for other
   equations, or when the rule cannot be traced outside differentiation.
   """
+  prim = _custom_vjp3_of(eqn)
+  if prim is not None:
+    return _custom_vjp3_forward(prim)
   if not is_custom_vjp_call(eqn):
     return None
   thunk = eqn.params.get("fwd_jaxpr_thunk")
@@ -678,6 +712,29 @@ def custom_vjp_forward(eqn: JaxprEqn) -> Jaxpr | None:
   except Exception:  # noqa: BLE001 - a rule that needs differentiation to trace
     return None
   return inner_jaxpr(fwd)
+
+
+def _custom_vjp3_forward(prim: Any) -> Jaxpr | None:
+  """The forward rule of a ``jax_custom_vjp3`` call, traced on its inputs'
+  types as JAX's JVP calls it (``vjp_fwd(nonzero_tangents, *args)``).
+
+  jax 0.12 prepends a closure-constants slot that must get no tangent; jax
+  0.10 has none: each form is tried in turn.
+  """
+  def forward(first_nonzero: bool, *flat: Any) -> list[Any]:
+    args = jax.tree_util.tree_unflatten(prim.in_tree, flat)
+    nonzero = [jax.tree_util.tree_map(lambda _: True, a) for a in args]
+    if args and not first_nonzero:
+      nonzero[0] = jax.tree_util.tree_map(lambda _: False, args[0])
+    return jax.tree_util.tree_leaves(prim.vjp_fwd(tuple(nonzero), *args))
+
+  for first_nonzero in (True, False):
+    try:
+      return jax.make_jaxpr(functools.partial(forward, first_nonzero))(
+          *prim.in_avals_flat).jaxpr
+    except Exception:  # noqa: BLE001, S112 - the other form, or untraceable
+      continue
+  return None
 
 
 def has_python_transpose(eqn: JaxprEqn) -> bool:

@@ -43,8 +43,9 @@ def _jaxpr_params(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Any]]:
 
 def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
   """The jaxprs nested in ``eqn`` (scan/cond/jit/remat/custom rules)."""
-  if compat.is_remat(eqn):
-    return [compat.remat_body_of(eqn)]
+  hidden = compat.hidden_jaxprs(eqn)
+  if hidden:
+    return hidden
   return [compat.inner_jaxpr(v) for _, _, v in _jaxpr_params(eqn)]
 
 
@@ -445,11 +446,6 @@ def mark_kernels(jaxpr: Jaxpr) -> Jaxpr:
   return rewrite(jaxpr, on_eqn)
 
 
-def has_kernels(jaxpr: Jaxpr) -> bool:
-  """Whether ``jaxpr`` calls a kernel (:func:`compat.kernel_name`) anywhere."""
-  return any(compat.kernel_name(e) is not None for e in walk(jaxpr))
-
-
 @dataclasses.dataclass
 class KernelWork:
   """The work one kernel does at one place of a program.
@@ -458,10 +454,14 @@ class KernelWork:
     flops: matmul FLOPs of its equations (a ``pallas_call`` counted by
       :func:`pallas_flops`), every scan iteration included.
     launches: how many times its ``pallas_call`` equations run.
+    calls: how many times the kernel is called (its marked kernel equation
+      runs); in a differentiated program, where the kernel's work is
+      spread over other equations, only the calls left whole are counted.
   """
 
   flops: int = 0
   launches: int = 0
+  calls: int = 0
 
 
 def _matmul_flops(eqn: JaxprEqn) -> int:
@@ -489,6 +489,8 @@ def kernel_work(jaxpr: Jaxpr) -> dict[tuple[str, str], KernelWork]:
         mark = compat.kernel_mark_of(eqn)
         if mark is not None:
           here = (mark[0], "/".join(prefix + mark[1]))
+          if compat.kernel_name(eqn) is not None:
+            found.setdefault(here, KernelWork()).calls += trips
       if here is not None:
         work = found.setdefault(here, KernelWork())
         if compat.is_pallas_call(eqn):

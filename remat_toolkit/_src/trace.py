@@ -337,10 +337,11 @@ class TracedProgram:
       if extra <= 0 and launches <= 0:
         continue
       once = per_run.get(site)
+      calls = max(once.calls, 1) if once is not None else 1
       if launches > 0 and once is not None and once.launches:
-        runs = launches / once.launches
+        runs = launches * calls / once.launches
       elif once is not None and once.flops:
-        runs = extra / once.flops
+        runs = extra * calls / once.flops
       else:
         runs = float(max(launches, 1))
       found.append(RecomputedKernel(site[0], site[1], max(extra, 0),
@@ -502,6 +503,7 @@ def _kernel_work_by_site(work, root: str, sites=None
     total = merged.setdefault(site, _jaxpr.KernelWork())
     total.flops += w.flops
     total.launches += w.launches
+    total.calls += w.calls
   return merged
 
 
