@@ -123,6 +123,31 @@ class RecomputedKernel:
     runs: how many more times the forward runs per step than without remat
       (a kernel in a scan over layers runs once per layer); a fraction when
       only part of its forward runs again.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> @jax.custom_vjp
+    ... def kernel(x, w):
+    ...   return jnp.tanh(x @ w)
+    >>> def kernel_fwd(x, w):  # its backward reads h, not the output
+    ...   h = x @ w
+    ...   return jnp.tanh(h), (x, w, h)
+    >>> def kernel_bwd(res, g):
+    ...   x, w, h = res
+    ...   d = g * (1 - jnp.tanh(h) ** 2)
+    ...   return d @ w.T, x.T @ d
+    >>> kernel.defvjp(kernel_fwd, kernel_bwd)
+    >>> block = rt.remat(lambda x, w: kernel(x, w))
+    >>> args = (jax.ShapeDtypeStruct((8, 16), jnp.float32),
+    ...         jax.ShapeDtypeStruct((16, 16), jnp.float32))
+    >>> loss = lambda x, w: block(x, w).sum()
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...   warnings.simplefilter("ignore")
+    ...   report = rt.analyze(loss, *args, policy="boundary-only")
+    >>> report.recomputed_kernels
+    (RecomputedKernel(kernel='kernel', module_path='', flops=4096, runs=1.0),)
   """
 
   kernel: str
