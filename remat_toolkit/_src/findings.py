@@ -5,8 +5,11 @@ A result whose figures are not the policy's own says so: in its
 findings are worded here so that every entry point (analyze, compare,
 memory_breakdown, verify, plan, bench) says them alike: a function with no
 remat region, regions with a policy of their own, a policy that keeps
-none of its names in this model, and a matmul policy that passes over the
-model's matmuls (convolutions, batched einsums).
+none of its names in this model, a matmul policy that passes over the
+model's matmuls (convolutions, batched einsums); and on models with
+attention: a kernel whose forward runs again in the backward pass, a
+``custom_vjp`` kernel the two remat modes keep differently, a matmul policy
+keeping S x S attention logits.
 
 Example:
   >>> from remat_toolkit._src import findings
@@ -375,11 +378,12 @@ def kernel_warnings(program: TracedProgram, policy: Any, residuals: Sequence[Any
   name = getattr(policy, "name", str(policy))
   kept = [r for r, flag in zip(residuals, activation_matmuls, strict=True)
           if flag and r.kind == "activation"]
-  device = sum(r.nbytes for r in residuals
-               if r.kind in ("activation", "constant", "literal"))
+  # The kinds the report's activation totals count (report.COUNTED_KINDS).
+  counted = sum(r.nbytes for r in residuals
+                if r.kind in ("activation", "constant", "literal"))
   found = [kernel_rerun_warning(name, recomputed),
            custom_vjp_mode_warning(program, policy),
-           activation_matmul_warning(policy, kept, device)]
+           activation_matmul_warning(policy, kept, counted)]
   return [w for w in found if w]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -332,20 +333,12 @@ class TracedProgram:
                                 per_run)
     found = []
     for site, done in work.items():
-      extra = done.flops - base.get(site, _jaxpr.KernelWork()).flops
-      launches = done.launches - base.get(site, _jaxpr.KernelWork()).launches
-      if extra <= 0 and launches <= 0:
-        continue
-      once = per_run.get(site)
-      calls = max(once.calls, 1) if once is not None else 1
-      if launches > 0 and once is not None and once.launches:
-        runs = launches * calls / once.launches
-      elif once is not None and once.flops:
-        runs = extra * calls / once.flops
-      else:
-        runs = float(max(launches, 1))
-      found.append(RecomputedKernel(site[0], site[1], max(extra, 0),
-                                    round(runs, 2)))
+      without = base.get(site, _jaxpr.KernelWork())
+      extra = done.flops - without.flops
+      launches = done.launches - without.launches
+      if extra > 0 or launches > 0:
+        runs = _extra_runs(extra, launches, per_run.get(site))
+        found.append(RecomputedKernel(site[0], site[1], max(extra, 0), runs))
     return tuple(found)
 
   def residuals(self, policy: Policy) -> list[Residual]:
@@ -485,8 +478,23 @@ def _root_scope(jaxpr) -> str:
   return firsts.pop() if len(firsts) == 1 else ""
 
 
-def _kernel_work_by_site(work, root: str, sites=None
-                         ) -> dict[tuple[str, str], Any]:
+def _extra_runs(extra_flops: int, extra_launches: int,
+                once: _jaxpr.KernelWork | None) -> float:
+  """How many more times a kernel runs, from its extra work and the work of
+  its calls in the primal program (``once``): its Pallas launches where it
+  has some, else its FLOPs."""
+  calls = max(once.calls, 1) if once is not None else 1
+  if extra_launches > 0 and once is not None and once.launches:
+    return round(extra_launches * calls / once.launches, 2)
+  if once is not None and once.flops:
+    return round(extra_flops * calls / once.flops, 2)
+  return float(max(extra_launches, 1))
+
+
+def _kernel_work_by_site(work: Mapping[tuple[str, str], _jaxpr.KernelWork],
+                         root: str,
+                         sites: Mapping[tuple[str, str], Any] | None = None
+                         ) -> dict[tuple[str, str], _jaxpr.KernelWork]:
   """Kernel work keyed by (kernel, module path as residuals read it).
 
   Differentiating a program can stack a call's scopes on scopes JAX kept
