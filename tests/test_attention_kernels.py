@@ -500,11 +500,11 @@ def test_matmul_policies_keeping_s_by_s_logits_say_so_with_the_bytes(name):
   kind = _kind(name)
   report = _compared(name, False).reports["save-matmuls"]
   warned = [w for w in report.warnings
-            if "outputs of matmuls between two activations" in w]
+            if "between two activations" in w]
   assert len(warned) == 1
   assert f", {format_bytes(_activation_matmul_bytes(kind))} of its" in warned[0]
   # The projections (a parameter among the operands) are not among them.
-  assert "keeps 4 outputs" in warned[0]
+  assert "keeps the outputs of 4 matmuls" in warned[0]
 
 
 @pytest.mark.parametrize("name", ["dot_product_xla", "blockwise", "pallas_gpu_mha"])
@@ -513,4 +513,27 @@ def test_matmul_policies_keeping_s_by_s_logits_say_so_with_the_bytes(name):
 def test_policies_that_keep_no_attention_matmul_do_not_say_so(name, policy):
   _kind(name)
   report = _compared(name, False).reports[policy]
-  assert not any("matmuls between two activations" in w for w in report.warnings)
+  assert not any("between two activations" in w for w in report.warnings)
+
+
+def test_projections_by_cast_or_transposed_weights_are_no_activation_matmuls():
+  t, e = 16, 8
+
+  @rt.remat
+  def attend(w, x):
+    wb = w.astype(jnp.bfloat16)  # mixed precision: still the parameter
+    q, k, v = x @ wb[0].T, x @ wb[1], x @ wb[2]
+    probs = jax.nn.softmax(q @ k.T)
+    return jnp.sin(probs @ v).astype(jnp.float32)  # sin' needs its input
+
+  args = (S((3, e, e), jnp.float32), S((t, e), jnp.bfloat16))
+  with compat.remat3(False), warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    report = rt.analyze(lambda w, x: attend(w, x).sum(), *args,
+                        policy="save-matmuls")
+  warned = [w for w in report.warnings
+            if "between two activations" in w]
+  # The logits [T, T] and probabilities @ values [T, E], in bfloat16; not
+  # the three projections.
+  assert len(warned) == 1 and "keeps the outputs of 2 matmuls" in warned[0]
+  assert f", {format_bytes(2 * (t * t + t * e))} of its" in warned[0]

@@ -245,7 +245,7 @@ RERUNS_KERNELS = "runs the forward of"
 MODES_DIFFER = "so the two remat modes keep different residuals"
 
 #: Marks the finding that a matmul policy keeps matmuls of two activations.
-KEEPS_ACTIVATION_MATMULS = "outputs of matmuls between two activations"
+KEEPS_ACTIVATION_MATMULS = "between two activations"
 
 #: What each of these findings holds, to pick them out of a report.
 KERNEL_FINDINGS = (RERUNS_KERNELS, MODES_DIFFER, KEEPS_ACTIVATION_MATMULS)
@@ -358,8 +358,9 @@ def activation_matmul_warning(policy: Any, kept: Sequence[Any],
   inside = f" in kernel {largest.kernel!r}" if largest.kernel else ""
   stacked = (f", stacked over {largest.stacked} steps" if largest.stacked > 1
              else "")
-  return (f"policy {policy.name!r} keeps {len(kept)} "
-          f"{KEEPS_ACTIVATION_MATMULS} (neither operand a parameter), "
+  return (f"policy {policy.name!r} keeps the outputs of "
+          f"{_plural(len(kept), 'matmul')} {KEEPS_ACTIVATION_MATMULS} "
+          "(neither operand a parameter), "
           f"{fmt.format_bytes(total)} of its "
           f"{fmt.format_bytes(activation_bytes)}: attention logits, S x S per "
           f"head, and the like (the largest {shape}{stacked} at "
