@@ -26,12 +26,13 @@ from remat_toolkit._src.plan_result import Plan
 from remat_toolkit._src.plan_result import RegionPlan
 from remat_toolkit._src.policy import Lowering
 from remat_toolkit._src.report import Comparison
+from remat_toolkit._src.report import RecomputedKernel
 from remat_toolkit._src.report import Residual
 from remat_toolkit._src.report import ResidualReport
 from remat_toolkit._src.verify import Verification
 
 __all__ = [
-    "Residual", "ResidualReport", "Comparison", "Breakdown", "Plan",
+    "Residual", "RecomputedKernel", "ResidualReport", "Comparison", "Breakdown", "Plan",
     "RegionPlan", "Frontier", "FrontierPoint", "Verification", "BenchRecord", "BenchResult",
     "BatchFit", "BatchSearch", "RematSummary", "Lowering",
 ]

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_toolkit._src import resolve
+from remat_toolkit._src.findings import KERNEL_FINDINGS
 from remat_toolkit._src.findings import region_warnings
 from remat_toolkit._src.findings import selection_warnings
 from remat_toolkit._src.findings import warn_once
@@ -125,7 +126,9 @@ def compare(fn: Callable[..., Any], *args: Any,
   program = TracedProgram(fn, args)
   reports = {p.name: program.report(p, compile=compile) for p in runnable}
   found = region_warnings(program) + [
-      w for p in runnable for w in selection_warnings(program, p)]
+      w for p in runnable for w in selection_warnings(program, p)] + [
+      w for r in reports.values() for w in r.warnings
+      if any(finding in w for finding in KERNEL_FINDINGS)]
   comparison = Comparison(
       reports=reports, skipped=skipped, regions=program.regions,
       warnings=tuple(dict.fromkeys(found)),

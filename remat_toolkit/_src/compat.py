@@ -32,6 +32,17 @@ try:  # remat3 runs through hijax's call primitive; older releases lack it.
 except ImportError:  # pragma: no cover - depends on the JAX release
   _call_hi_primitive_p = None
 
+try:  # a custom_vjp call with jax_custom_vjp3 on (jax 0.12)
+  from jax._src.hijax import CustomVJPTraced as _CustomVJPTraced
+except ImportError:  # pragma: no cover - depends on the JAX release
+  _CustomVJPTraced = None
+
+try:  # the call of a jax.custom_vjp function, and its linearized form
+  from jax._src.custom_derivatives import custom_vjp_call_p as _custom_vjp_call_p
+  from jax._src.interpreters.ad import custom_lin_p as _custom_lin_p
+except ImportError:  # pragma: no cover - depends on the JAX release
+  _custom_vjp_call_p = _custom_lin_p = None
+
 __all__ = [
     "Jaxpr", "ClosedJaxpr", "JaxprEqn", "Var", "Literal", "DropVar",
     "name_p", "remat_p", "close_jaxpr", "jaxpr_consts", "eval_jaxpr",
@@ -42,10 +53,14 @@ __all__ = [
     "offloading_refusal", "jax_policy_offloads",
     "jax_policy", "policy_marker", "checkpoint_name_of",
     "is_remat", "is_scan", "scan_num_carry", "remat_policy_of", "remat_body_of", "with_remat",
-    "bind_remat", "is_scope", "module_scopes", "drop_leading_scopes",
+    "bind_remat", "is_scope", "module_scopes", "drop_leading_scopes", "nest_scopes",
     "prefix_scopes", "eval_context", "user_source", "flax_lift_pack",
     "linen_scope_path",
     "linen_lift_transform", "linen_decorator_lift_transform",
+    "call_body", "hidden_jaxprs", "kernel_name", "is_custom_vjp_call", "is_pallas_call",
+    "pallas_grid_size", "pallas_cost_flops", "custom_vjp_forward",
+    "has_python_transpose", "mark_kernel", "kernel_mark_of",
+    "remat3_sees_into_custom_vjp", "custom_vjp_alignment",
     "ShardingTypeError", "aval_sharding", "pickle_exported", "unpickle_exported",
     "has_trace_key_context", "trace_key", "trace_key_part", "fresh_trace_key",
 ]
@@ -563,16 +578,285 @@ def is_jaxpr_value(value: Any) -> bool:
   return isinstance(value, (Jaxpr, ClosedJaxpr))
 
 
+# ---------------------------------------------------------------- kernels
+
+def _same_type(a: Any, b: Any) -> bool:
+  return (type(a) is type(b) and getattr(a, "shape", None) == getattr(b, "shape", None)
+          and getattr(a, "dtype", None) == getattr(b, "dtype", None))
+
+
+def call_body(eqn: JaxprEqn) -> Jaxpr | None:
+  """The body of a call-like equation, None for any other equation.
+
+  Call-like: one nested jaxpr, run once, whose inputs and outputs are the
+  equation's own, one to one and of the same types (``jit``,
+  ``closed_call``, jax 0.12's ``eval_jaxpr``, ``custom_jvp_call``,
+  ``custom_vjp_call``, a remat region). Detected by that shape, not by
+  name, so a release that renames or adds such a primitive is followed;
+  loops (``scan``), branches and kernels whose body works on refs
+  (``pallas_call``) are not call-like.
+  """
+  hidden = hidden_jaxprs(eqn)
+  if hidden:
+    body = hidden[0]
+  else:
+    if is_scan(eqn) or "length" in eqn.params:
+      return None
+    bodies = []
+    for value in eqn.params.values():
+      if is_jaxpr_value(value):
+        bodies.append(value)
+      elif isinstance(value, tuple) and any(is_jaxpr_value(v) for v in value):
+        return None  # branches
+    if len(bodies) != 1:
+      return None
+    body = inner_jaxpr(bodies[0])
+  if (len(body.invars) != len(eqn.invars)
+      or len(body.outvars) != len(eqn.outvars)):
+    return None
+  pairs = [*zip(body.invars, eqn.invars, strict=True),
+           *zip(body.outvars, eqn.outvars, strict=True)]
+  if not all(_same_type(a.aval, b.aval) for a, b in pairs):
+    return None
+  return body
+
+
+def _custom_vjp3_of(eqn: JaxprEqn) -> Any:
+  """The hijax primitive of a custom_vjp call made with ``jax_custom_vjp3``."""
+  prim = eqn.params.get("_prim")
+  if (_call_hi_primitive_p is not None and eqn.primitive is _call_hi_primitive_p
+      and _CustomVJPTraced is not None and isinstance(prim, _CustomVJPTraced)):
+    return prim
+  return None
+
+
+def hidden_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
+  """Jaxprs an equation runs that are no parameter of its own: a remat3
+  region's body, a ``jax_custom_vjp3`` call's primal function."""
+  if is_remat(eqn):
+    return [remat_body_of(eqn)]
+  prim = _custom_vjp3_of(eqn)
+  if prim is not None:
+    return [inner_jaxpr(prim.traced.jaxpr)]
+  return []
+
+
+def is_custom_vjp_call(eqn: JaxprEqn) -> bool:
+  """Whether ``eqn`` calls a ``jax.custom_vjp`` function (either
+  implementation: ``jax_custom_vjp3`` makes it a hijax call)."""
+  return ((_custom_vjp_call_p is not None and eqn.primitive is _custom_vjp_call_p)
+          or _custom_vjp3_of(eqn) is not None)
+
+
+def is_pallas_call(eqn: JaxprEqn) -> bool:
+  """Whether ``eqn`` runs a Pallas kernel (a body over a grid of blocks)."""
+  return "grid_mapping" in eqn.params and is_jaxpr_value(eqn.params.get("jaxpr"))
+
+
+def _debug_name(value: Any) -> str | None:
+  info = getattr(inner_jaxpr(value), "debug_info", None)
+  name = getattr(info, "func_name", None)
+  return None if not name or name.startswith("<") else name
+
+
+def kernel_name(eqn: JaxprEqn) -> str | None:
+  """The name of a kernel equation, None for any other equation.
+
+  A kernel is a ``jax.custom_vjp`` call (named after the decorated
+  function) or a ``pallas_call`` (named by its ``name`` parameter, else
+  after its kernel function).
+  """
+  prim = _custom_vjp3_of(eqn)
+  if prim is not None:
+    return getattr(prim.traced, "fun_name", None) or "custom_vjp"
+  if is_custom_vjp_call(eqn):
+    return _debug_name(eqn.params["call_jaxpr"]) or "custom_vjp"
+  if is_pallas_call(eqn):
+    return eqn.params.get("name") or _debug_name(eqn.params["jaxpr"]) or "pallas_call"
+  return None
+
+
+def pallas_grid_size(eqn: JaxprEqn) -> int:
+  """How many times a ``pallas_call``'s body runs: the product of its grid."""
+  grid = getattr(eqn.params["grid_mapping"], "grid", ()) or ()
+  size = 1
+  for g in grid:
+    size *= int(g) if isinstance(g, int) else 1  # a dynamic size counts once
+  return size
+
+
+def pallas_cost_flops(eqn: JaxprEqn) -> int | None:
+  """The FLOPs a ``pallas_call`` declares in its ``cost_estimate``, if any."""
+  cost = eqn.params.get("cost_estimate")
+  flops = getattr(cost, "flops", None)
+  return None if flops is None else int(flops)
+
+
+def custom_vjp_forward(eqn: JaxprEqn) -> Jaxpr | None:
+  """The forward rule of a ``custom_vjp`` call, traced as a jaxpr.
+
+  JAX traces it lazily (and memoises it) when the call is differentiated;
+  the primal program holds only the undifferentiated function, so names and
+  matmuls that only the forward rule has are found here. None for other
+  equations, or when the rule cannot be traced outside differentiation.
+  """
+  prim = _custom_vjp3_of(eqn)
+  if prim is not None:
+    return _custom_vjp3_forward(prim)
+  if not is_custom_vjp_call(eqn):
+    return None
+  thunk = eqn.params.get("fwd_jaxpr_thunk")
+  primals = len(eqn.invars) - int(eqn.params.get("num_consts", 0))
+  try:
+    fwd, _ = thunk.call_wrapped(*([True] * primals))
+  except Exception:  # noqa: BLE001 - a rule that needs differentiation to trace
+    return None
+  return inner_jaxpr(fwd)
+
+
+def _custom_vjp3_forward(prim: Any) -> Jaxpr | None:
+  """The forward rule of a ``jax_custom_vjp3`` call, traced on its inputs'
+  types as JAX's JVP calls it (``vjp_fwd(nonzero_tangents, *args)``).
+
+  jax 0.12 prepends a closure-constants slot that must get no tangent; jax
+  0.10 has none: each form is tried in turn.
+  """
+  def forward(first_nonzero: bool, *flat: Any) -> list[Any]:
+    args = jax.tree_util.tree_unflatten(prim.in_tree, flat)
+    nonzero = [jax.tree_util.tree_map(lambda _: True, a) for a in args]
+    if args and not first_nonzero:
+      nonzero[0] = jax.tree_util.tree_map(lambda _: False, args[0])
+    return jax.tree_util.tree_leaves(prim.vjp_fwd(tuple(nonzero), *args))
+
+  for first_nonzero in (True, False):
+    try:
+      return jax.make_jaxpr(functools.partial(forward, first_nonzero))(
+          *prim.in_avals_flat).jaxpr
+    except Exception:  # noqa: BLE001, S112 - the other form, or untraceable
+      continue
+  return None
+
+
+def has_python_transpose(eqn: JaxprEqn) -> bool:
+  """Whether a linearized equation is transposed by Python code rather than
+  a jaxpr (a ``custom_vjp``'s backward rule): its cost is not in the
+  linearized program."""
+  return _custom_lin_p is not None and eqn.primitive is _custom_lin_p
+
+
+#: How a kernel's scope starts in a name stack (:func:`mark_kernel`).
+_KERNEL_MARK = "remat_toolkit.kernel:"
+
+
+def mark_kernel(eqn: JaxprEqn, name: str) -> JaxprEqn:
+  """``eqn`` with a scope naming kernel ``name`` at the end of its name stack.
+
+  JAX carries an equation's name stack onto everything differentiating it
+  makes, in both remat implementations: the forward rule traced inline,
+  a forward run again in the backward pass, the backward rule. So the mark
+  finds a kernel's work in the training step where nothing else can (remat3
+  re-traces regions with fresh tracebacks). It is no module scope
+  (:func:`is_scope`), so module paths leave it out.
+  """
+  return prefix_scopes(eqn, (_source_info_util.Scope(_KERNEL_MARK + name),))
+
+
+def _kernel_mark_name(item: Any) -> str | None:
+  name = getattr(item, "name", None)
+  if isinstance(item, _source_info_util.Scope) and isinstance(name, str) and (
+      name.startswith(_KERNEL_MARK)):
+    return name[len(_KERNEL_MARK):]
+  return None
+
+
+def kernel_mark_of(eqn: JaxprEqn) -> tuple[str, list[str]] | None:
+  """The kernel :func:`mark_kernel` marked ``eqn`` (or what made it) with:
+  ``(name, module scopes above the mark)``; None if unmarked."""
+  scopes: list[str] = []
+  for item in eqn.source_info.name_stack.stack:
+    name = _kernel_mark_name(item)
+    if name is not None:
+      return name, scopes
+    if is_scope(item) and item.name not in _JAX_SCOPES:
+      scopes.append(item.name)
+  return None
+
+
+def _saves_name_inside_custom_vjp() -> bool:
+  @jax.custom_vjp
+  def kernel(x):
+    return jax.numpy.sin(x) * 2
+
+  def kernel_fwd(x):
+    s = jax.ad_checkpoint.checkpoint_name(jax.numpy.sin(x), "kernel.res")
+    return s * 2, (s, jax.numpy.cos(x))
+
+  kernel.defvjp(kernel_fwd, lambda res, g: (2 * res[1] * g,))
+  policy = jax.checkpoint_policies.save_only_these_names("kernel.res")
+  avals = (jax.ShapeDtypeStruct((3,), jax.numpy.float32),)
+  found = _probe(lambda x: jax.numpy.sum(kernel(jax.numpy.tanh(x))), avals,
+                 policy)
+  return any("kernel.res" in d for d in found)
+
+
+@functools.cache
+def _remat3_sees_into_custom_vjp(custom_vjp3: bool) -> bool:
+  if not has_remat3_flag():
+    return True
+  if custom_vjp3 and not has_custom_vjp3_flag():
+    return False
+  before = custom_vjp3_enabled()
+  if has_custom_vjp3_flag():
+    jax.config.update("jax_custom_vjp3", custom_vjp3)
+  try:
+    with remat3(True):
+      return _saves_name_inside_custom_vjp()
+  finally:
+    if has_custom_vjp3_flag():
+      jax.config.update("jax_custom_vjp3", before)
+
+
+def remat3_sees_into_custom_vjp(custom_vjp3: bool | None = None) -> bool:
+  """Whether ``jax_remat3``'s policies see inside a ``custom_vjp`` forward rule.
+
+  With ``jax_remat3`` off JAX traces the forward rule inline, so a policy
+  keeps the names and matmuls inside it; remat3 re-binds the kernel whole
+  (names and matmuls inside are ignored) unless ``jax_custom_vjp3`` is on
+  and this JAX honours it (jax 0.12 does, 0.10 does not). Probed once per
+  ``custom_vjp3`` value (None: the current setting) on a tiny kernel.
+  """
+  if custom_vjp3 is None:
+    custom_vjp3 = custom_vjp3_enabled()
+  return _remat3_sees_into_custom_vjp(bool(custom_vjp3))
+
+
+def custom_vjp_alignment() -> str:
+  """The setting under which both remat modes keep a ``custom_vjp`` kernel's
+  residuals alike on this JAX, as the line of code that sets it."""
+  if has_custom_vjp3_flag() and remat3_sees_into_custom_vjp(True):
+    return "jax.config.update('jax_custom_vjp3', True)"
+  return "jax.config.update('jax_remat3', False)"
+
+
 # ---------------------------------------------------------------- name stacks
 
 def is_scope(item: Any) -> bool:
-  """Whether a name-stack item is a module scope (not a transform)."""
-  return isinstance(item, _source_info_util.Scope)
+  """Whether a name-stack item is a module scope (not a transform, nor the
+  mark of a kernel: :func:`mark_kernel`)."""
+  return (isinstance(item, _source_info_util.Scope)
+          and _kernel_mark_name(item) is None)
+
+
+#: Scopes JAX itself pushes (around a region run again in the backward
+#: pass), which name no module of the model.
+_JAX_SCOPES = frozenset({"rematted_computation"})
 
 
 def module_scopes(eqn: JaxprEqn) -> list[str]:
-  """The module scopes of ``eqn``'s name stack, transforms dropped."""
-  return [s.name for s in eqn.source_info.name_stack.stack if is_scope(s)]
+  """The module scopes of ``eqn``'s name stack, transforms and the scopes
+  JAX adds itself dropped."""
+  return [s.name for s in eqn.source_info.name_stack.stack
+          if is_scope(s) and s.name not in _JAX_SCOPES]
 
 
 def leading_scopes(eqn: JaxprEqn) -> tuple[Any, ...]:
@@ -585,6 +869,15 @@ def drop_leading_scopes(eqn: JaxprEqn, count: int) -> JaxprEqn:
   stack = eqn.source_info.name_stack.stack[count:]
   return eqn.replace(source_info=eqn.source_info.replace(
       name_stack=_ext_source_info.NameStack(tuple(stack))))
+
+
+def nest_scopes(eqn: JaxprEqn, outer: JaxprEqn) -> JaxprEqn:
+  """``eqn`` with ``outer``'s name stack in front of its own: an equation of
+  a body moved out of the call ``outer`` (whose scopes JAX would prefix)."""
+  stack = (tuple(outer.source_info.name_stack.stack)
+           + tuple(eqn.source_info.name_stack.stack))
+  return eqn.replace(source_info=eqn.source_info.replace(
+      name_stack=_ext_source_info.NameStack(stack)))
 
 
 def prefix_scopes(eqn: JaxprEqn, items: tuple[Any, ...]) -> JaxprEqn:

@@ -5,8 +5,11 @@ A result whose figures are not the policy's own says so: in its
 findings are worded here so that every entry point (analyze, compare,
 memory_breakdown, verify, plan, bench) says them alike: a function with no
 remat region, regions with a policy of their own, a policy that keeps
-none of its names in this model, and a matmul policy that passes over the
-model's matmuls (convolutions, batched einsums).
+none of its names in this model, a matmul policy that passes over the
+model's matmuls (convolutions, batched einsums); and on models with
+attention: a kernel whose forward runs again in the backward pass, a
+``custom_vjp`` kernel the two remat modes keep differently, a matmul policy
+keeping S x S attention logits.
 
 Example:
   >>> from remat_toolkit._src import findings
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from remat_toolkit._src import compat
+from remat_toolkit._src import format as fmt
 from remat_toolkit._src import region_inputs
 from remat_toolkit._src import region_keys
 from remat_toolkit._src.policy import Policy
@@ -36,7 +40,10 @@ if TYPE_CHECKING:
 __all__ = ["KEEPS_NONE", "KEEPS_ONLY_INPUTS", "region_warnings", "unmatched_names_warning",
            "matmul_warning", "selection_warnings",
            "per_region_warnings", "policy_warnings", "own_policy_text", "warn_once",
-           "quiet_warnings"]
+           "quiet_warnings", "kernel_warnings", "kernel_rerun_warning",
+           "custom_vjp_mode_warning", "activation_matmul_warning",
+           "KERNEL_FINDINGS", "RERUNS_KERNELS", "MODES_DIFFER",
+           "KEEPS_ACTIVATION_MATMULS"]
 
 #: How a finding that a policy keeps none of its names starts, after
 #: ``policy 'name'`` (results look for it to mark such policies).
@@ -228,6 +235,157 @@ def per_region_warnings(program: TracedProgram, policy: Any) -> list[str]:
         f"are no remat region of this model (it has {_brief(list(keys), 6)}): "
         "it was planned for another model or another layout.")
   return found
+
+
+#: How a finding that kernels run again starts, after ``policy 'name'``.
+RERUNS_KERNELS = "runs the forward of"
+
+#: Marks the finding that the two remat modes keep a kernel's residuals
+#: differently.
+MODES_DIFFER = "so the two remat modes keep different residuals"
+
+#: Marks the finding that a matmul policy keeps matmuls of two activations.
+KEEPS_ACTIVATION_MATMULS = "between two activations"
+
+#: What each of these findings holds, to pick them out of a report.
+KERNEL_FINDINGS = (RERUNS_KERNELS, MODES_DIFFER, KEEPS_ACTIVATION_MATMULS)
+
+
+def _remat3_note() -> str:
+  """What to change where remat3 ignores names inside a custom_vjp."""
+  if not compat.remat3_enabled() or compat.remat3_sees_into_custom_vjp():
+    return ""
+  return (" With jax_remat3 on, this JAX keeps nothing from inside a "
+          "custom_vjp kernel's forward rule, names included; "
+          f"{compat.custom_vjp_alignment()} lets a policy keep them.")
+
+
+def _kernel_places(pairs: Sequence[tuple[str, str]]) -> str:
+  """``'mha' (at layers_0, layers_1)`` for (kernel, module path) pairs."""
+  by_kernel: dict[str, list[str]] = {}
+  for kernel, path in pairs:
+    by_kernel.setdefault(kernel, []).append(path or "the top level")
+  return "; ".join(
+      f"{kernel!r} (at {', '.join(list(dict.fromkeys(paths))[:4])}"
+      + (f" and {len(set(paths)) - 4} more" if len(set(paths)) > 4 else "")
+      + ")" for kernel, paths in by_kernel.items())
+
+
+def kernel_rerun_warning(policy: str, recomputed: Sequence[Any]) -> str | None:
+  """Says which kernels run their forward again in the backward pass.
+
+  ``recomputed`` holds :class:`~remat_toolkit._src.report.RecomputedKernel`
+  entries of one report.
+  """
+  if not recomputed:
+    return None
+  kernels = {k.kernel for k in recomputed}
+  runs = sum(k.runs for k in recomputed)
+  flops = sum(k.flops for k in recomputed)
+  return (f"policy {policy!r} {RERUNS_KERNELS} kernel"
+          f"{'s' if len(kernels) > 1 else ''} "
+          f"{_kernel_places([(k.kernel, k.module_path) for k in recomputed])} "
+          f"again in the backward pass ({runs:g} more run"
+          f"{'s' if runs != 1 else ''} per step, {fmt.format_flops(flops)}): "
+          "a kernel's backward rule reads residuals its forward computes (a "
+          "flash kernel's output and log-sum-exp), which the policy does not "
+          "keep; a checkpoint name on the kernel's output keeps that output, "
+          "not them. Name them inside the kernel's forward "
+          "(remat_toolkit.tag_residuals(kernel, name), or splash attention's "
+          "residual_checkpoint_name) and keep that name with the policy."
+          + _remat3_note())
+
+
+def _forward_selection(policy: Policy, forward: Any) -> str | None:
+  """What ``policy`` selects inside a custom_vjp forward rule, in words."""
+  names = sorted(n for n in forward.names if policy.matches(n))
+  if names:
+    return f"the names {_brief(names, 4)}"
+  found = forward.matmuls
+  if policy.matmuls == "all" and (found.unbatched_dots or found.batched_dots
+                                  or found.convs):
+    return "the matmul outputs"
+  if policy.matmuls in ("no-batch", "offload-no-batch") and found.unbatched_dots:
+    return "the matmul outputs without batch dimensions"
+  return None
+
+
+def custom_vjp_mode_warning(program: TracedProgram, policy: Any) -> str | None:
+  """Says so when the two remat modes keep a custom_vjp kernel's residuals
+  differently under ``policy``.
+
+  With ``jax_remat3`` off JAX traces a custom_vjp's forward rule inline and
+  the policy sees the names and matmuls in it; remat3 treats the kernel as
+  opaque unless ``jax_custom_vjp3`` is on and honoured
+  (:func:`compat.remat3_sees_into_custom_vjp`).
+  """
+  if (not isinstance(policy, Policy) or policy.is_per_region
+      or policy.is_jax_policy or policy.save_everything
+      or not program.regions or compat.remat3_sees_into_custom_vjp()):
+    return None
+  hits: dict[str, list[tuple[str, str]]] = {}
+  for forward in program.ambient_custom_vjps:
+    what = _forward_selection(policy, forward)
+    if what is not None:
+      hits.setdefault(what, []).append((forward.kernel, forward.module_path))
+  if not hits:
+    return None
+  what, places = next(iter(hits.items()))
+  align = compat.custom_vjp_alignment()
+  fix = (f"{align} lets remat3 see inside on this JAX"
+         if "custom_vjp3" in align else
+         f"jax_custom_vjp3 does not let remat3 see inside on this JAX; run "
+         f"with {align}")
+  return (f"policy {policy.name!r} keeps {what} inside the forward rule of "
+          f"custom_vjp kernel {_kernel_places(places)} with jax_remat3 off but "
+          "not with it on (remat3 treats a custom_vjp as opaque and "
+          f"recomputes it), {MODES_DIFFER}: {fix}.")
+
+
+def activation_matmul_warning(policy: Any, kept: Sequence[Any],
+                              activation_bytes: int) -> str | None:
+  """Says so when a matmul policy keeps matmuls of two activations.
+
+  ``kept`` holds the report's residuals made by a ``dot_general`` neither
+  of whose operands is a parameter (attention logits, probabilities times
+  values: :func:`_jaxpr.multiplies_activations`).
+  """
+  if not isinstance(policy, Policy) or policy.matmuls == "none" or not kept:
+    return None
+  total = sum(r.nbytes for r in kept)
+  largest = max(kept, key=lambda r: r.nbytes)
+  shape = f"{largest.dtype}[{','.join(map(str, largest.shape))}]"
+  inside = f" in kernel {largest.kernel!r}" if largest.kernel else ""
+  stacked = (f", stacked over {largest.stacked} steps" if largest.stacked > 1
+             else "")
+  return (f"policy {policy.name!r} keeps the outputs of "
+          f"{_plural(len(kept), 'matmul')} {KEEPS_ACTIVATION_MATMULS} "
+          "(neither operand a parameter), "
+          f"{fmt.format_bytes(total)} of its "
+          f"{fmt.format_bytes(activation_bytes)}: attention logits, S x S per "
+          f"head, and the like (the largest {shape}{stacked} at "
+          f"{largest.module_path or 'the top level'}{inside}), which a "
+          "flash-attention kernel exists not to store. A name policy "
+          "(save-attention, save-projections-and-context) keeps the "
+          "projections without them.")
+
+
+def kernel_warnings(program: TracedProgram, policy: Any, residuals: Sequence[Any],
+                    activation_matmuls: Sequence[bool],
+                    recomputed: Sequence[Any]) -> list[str]:
+  """What a report on a model with kernels or attention must say: kernels
+  run again, remat modes that disagree on a kernel, and S x S matmul
+  outputs a matmul policy keeps."""
+  name = getattr(policy, "name", str(policy))
+  kept = [r for r, flag in zip(residuals, activation_matmuls, strict=True)
+          if flag and r.kind == "activation"]
+  # The kinds the report's activation totals count (report.COUNTED_KINDS).
+  counted = sum(r.nbytes for r in residuals
+                if r.kind in ("activation", "constant", "literal"))
+  found = [kernel_rerun_warning(name, recomputed),
+           custom_vjp_mode_warning(program, policy),
+           activation_matmul_warning(policy, kept, counted)]
+  return [w for w in found if w]
 
 
 def policy_warnings(program: TracedProgram, policy: Any, *,

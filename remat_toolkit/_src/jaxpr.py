@@ -43,8 +43,9 @@ def _jaxpr_params(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Any]]:
 
 def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
   """The jaxprs nested in ``eqn`` (scan/cond/jit/remat/custom rules)."""
-  if compat.is_remat(eqn):
-    return [compat.remat_body_of(eqn)]
+  hidden = compat.hidden_jaxprs(eqn)
+  if hidden:
+    return hidden
   return [compat.inner_jaxpr(v) for _, _, v in _jaxpr_params(eqn)]
 
 
@@ -189,9 +190,21 @@ def argument_vars(jaxpr: Jaxpr) -> set[Any]:
 
 
 def names_in(jaxpr: Jaxpr) -> frozenset[str]:
-  """Every checkpoint name in ``jaxpr`` and the jaxprs nested in it."""
-  return frozenset(n for n in map(compat.checkpoint_name_of, walk(jaxpr))
-                   if n is not None)
+  """Every checkpoint name in ``jaxpr`` and the jaxprs nested in it.
+
+  The forward rules of ``custom_vjp`` kernels count: the names a kernel
+  gives its residuals there (splash's ``residual_checkpoint_name``) are in
+  no other jaxpr of the primal program.
+  """
+  found: set[str] = set()
+  for eqn in walk(jaxpr):
+    name = compat.checkpoint_name_of(eqn)
+    if name is not None:
+      found.add(name)
+    forward = compat.custom_vjp_forward(eqn)
+    if forward is not None:
+      found |= names_in(forward)
+  return frozenset(found)
 
 
 def walk_with_trips(jaxpr: Jaxpr, trips: int = 1
@@ -354,12 +367,24 @@ def count_matmul_flops(jaxpr: Jaxpr, _counted: dict | None = None) -> int:
     elif name == "cond":
       total += max((count_matmul_flops(b, counted) for b in sub_jaxprs(eqn)),
                    default=0)
+    elif compat.is_pallas_call(eqn):
+      total += pallas_flops(eqn, counted)
     else:
       inner = sum(count_matmul_flops(s, counted) for s in sub_jaxprs(eqn))
       total += inner * scan_length(eqn)
   # The jaxpr is kept beside its count so that its id is not reused.
   counted[id(jaxpr)] = (jaxpr, total)
   return total
+
+
+def pallas_flops(eqn: JaxprEqn, _counted: dict | None = None) -> int:
+  """FLOPs of one ``pallas_call``: its ``cost_estimate`` where it declares
+  one, else its body's matmul FLOPs times the number of grid steps."""
+  declared = compat.pallas_cost_flops(eqn)
+  if declared is not None:
+    return declared
+  body = sum(count_matmul_flops(s, _counted) for s in sub_jaxprs(eqn))
+  return body * compat.pallas_grid_size(eqn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,13 +417,214 @@ def count_region_matmuls(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
     if id(body) in seen:
       continue
     seen.add(id(body))
-    for eqn in walk(body):
+    for eqn in walk(body, descend=_seen_by_policies):
       if eqn.primitive.name == "conv_general_dilated":
         kinds["convs"] += 1
       elif eqn.primitive.name == "dot_general":
         (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
         kinds["batched_dots" if lhs_batch else "unbatched_dots"] += 1
   return MatmulCounts(**kinds)
+
+
+# ---------------------------------------------------------------- kernels
+
+def mark_kernels(jaxpr: Jaxpr) -> Jaxpr:
+  """``jaxpr`` with every outermost kernel equation marked with its name.
+
+  Kernels are ``custom_vjp`` calls and ``pallas_call`` equations
+  (:func:`compat.kernel_name`); one inside another (a custom_vjp's
+  pallas_call) is the outer kernel's work. The mark
+  (:func:`compat.mark_kernel`) rides on everything JAX makes from the
+  equation when it differentiates the program, which :func:`kernel_work`
+  counts.
+  """
+  def on_eqn(eqn, recurse):
+    del recurse
+    name = compat.kernel_name(eqn)
+    return None if name is None else compat.mark_kernel(eqn, name)
+
+  return rewrite(jaxpr, on_eqn)
+
+
+@dataclasses.dataclass
+class KernelWork:
+  """The work one kernel does at one place of a program.
+
+  Attributes:
+    flops: matmul FLOPs of its equations (a ``pallas_call`` counted by
+      :func:`pallas_flops`), every scan iteration included.
+    launches: how many times its ``pallas_call`` equations run.
+    calls: how many times the kernel is called (its marked kernel equation
+      runs); in a differentiated program, where the kernel's work is
+      spread over other equations, only the calls left whole are counted.
+  """
+
+  flops: int = 0
+  launches: int = 0
+  calls: int = 0
+
+
+def _matmul_flops(eqn: JaxprEqn) -> int:
+  if eqn.primitive.name == "dot_general":
+    return _dot_flops(eqn)
+  if eqn.primitive.name == "conv_general_dilated":
+    return _conv_flops(eqn)
+  return 0
+
+
+def kernel_work(jaxpr: Jaxpr) -> dict[tuple[str, str], KernelWork]:
+  """The work of the marked kernels (:func:`mark_kernels`) in ``jaxpr``.
+
+  Keyed by ``(kernel name, module path)``; the path is where the kernel was
+  called (the scopes above its mark). A ``cond`` counts its most expensive
+  branch, as :func:`count_matmul_flops` does.
+  """
+  found: dict[tuple[str, str], KernelWork] = {}
+  counted: dict = {}
+
+  def visit(j: Jaxpr, trips: int, prefix: list[str], owner) -> None:
+    for eqn in j.eqns:
+      here = owner
+      if here is None:
+        mark = compat.kernel_mark_of(eqn)
+        if mark is not None:
+          here = (mark[0], "/".join(prefix + mark[1]))
+          if compat.kernel_name(eqn) is not None:
+            found.setdefault(here, KernelWork()).calls += trips
+      if here is not None:
+        work = found.setdefault(here, KernelWork())
+        if compat.is_pallas_call(eqn):
+          work.flops += pallas_flops(eqn, counted) * trips
+          work.launches += trips
+          continue
+        work.flops += _matmul_flops(eqn) * trips
+      subs = sub_jaxprs(eqn)
+      if eqn.primitive.name == "cond" and subs:
+        subs = [max(subs, key=lambda b: count_matmul_flops(b, counted))]
+      scopes = prefix + compat.module_scopes(eqn)
+      for sub in subs:
+        visit(sub, trips * scan_length(eqn), scopes, here)
+
+  visit(jaxpr, 1, [], None)
+  return found
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelForward:
+  """What the forward rule of one ``custom_vjp`` kernel holds.
+
+  Attributes:
+    kernel: the kernel's name.
+    module_path: where it is called.
+    names: checkpoint names inside its forward rule.
+    matmuls: its forward rule's matmuls, by the kinds policies tell apart.
+  """
+
+  kernel: str
+  module_path: str
+  names: frozenset[str]
+  matmuls: MatmulCounts
+
+
+def _seen_by_policies(eqn: JaxprEqn) -> bool:
+  """Whether a remat policy sees the equations nested in ``eqn``: not those
+  of a Pallas kernel's body, which runs as one opaque call."""
+  return not compat.is_pallas_call(eqn)
+
+
+def _matmul_counts(jaxpr: Jaxpr) -> MatmulCounts:
+  kinds = {"unbatched_dots": 0, "batched_dots": 0, "convs": 0}
+  for eqn in walk(jaxpr, descend=_seen_by_policies):
+    if eqn.primitive.name == "conv_general_dilated":
+      kinds["convs"] += 1
+    elif eqn.primitive.name == "dot_general":
+      (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+      kinds["batched_dots" if lhs_batch else "unbatched_dots"] += 1
+  return MatmulCounts(**kinds)
+
+
+def custom_vjp_forwards(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
+                        ) -> list[KernelForward]:
+  """The ``custom_vjp`` kernels inside the remat regions ``in_region``
+  accepts, with what their forward rules hold, once per call site."""
+  found: dict[tuple[str, str], KernelForward] = {}
+
+  def visit(j: Jaxpr, prefix: list[str], inside: bool) -> None:
+    for eqn in j.eqns:
+      scopes = prefix + compat.module_scopes(eqn)
+      if inside and compat.is_custom_vjp_call(eqn):
+        forward = compat.custom_vjp_forward(eqn)
+        name = compat.kernel_name(eqn) or "custom_vjp"
+        key = (name, "/".join(scopes))
+        if forward is not None and key not in found:
+          found[key] = KernelForward(name, key[1], names_in(forward),
+                                     _matmul_counts(forward))
+        continue
+      region = compat.is_remat(eqn) and in_region(eqn)
+      for sub in sub_jaxprs(eqn):
+        visit(sub, scopes, inside or region)
+
+  visit(jaxpr, [], False)
+  return list(found.values())
+
+
+#: Primitives that pass a value on re-typed or re-laid out: a parameter cast
+#: to bfloat16, transposed or sliced from a stack of layers is still one.
+_LAYOUT_PRIMITIVES = frozenset({
+    "convert_element_type", "reshape", "transpose", "broadcast_in_dim",
+    "squeeze", "expand_dims", "copy", "copy_p", "reduce_precision", "slice",
+    "dynamic_slice", "sharding_constraint", "device_put", "rev",
+    "optimization_barrier"})
+
+
+def parameter_vars(jaxpr: Jaxpr) -> set[Any]:
+  """The variables, at any depth, that hold an argument or constant of
+  ``jaxpr``: :func:`argument_vars`, and what only re-types or re-lays one
+  out (``w.astype(bf16).T``), through calls and into loop bodies.
+
+  A matmul with an operand among them is a projection by a parameter; one
+  with neither operand among them multiplies two activations (attention
+  logits, probabilities times values).
+  """
+  found: set[Any] = argument_vars(jaxpr)
+
+  def held(a: Any) -> bool:
+    return is_jaxpr_var(a) and a in found
+
+  def visit(j: Jaxpr) -> None:
+    for eqn in j.eqns:
+      if (eqn.primitive.name in _LAYOUT_PRIMITIVES and eqn.invars
+          and held(eqn.invars[0])):
+        found.update(v for v in eqn.outvars if is_jaxpr_var(v))
+        continue
+      body = compat.call_body(eqn)
+      if body is not None:
+        found.update(v for v, a in zip(body.invars, eqn.invars, strict=True)
+                     if held(a))
+        visit(body)
+        found.update(o for v, o in zip(body.outvars, eqn.outvars, strict=True)
+                     if held(v) and is_jaxpr_var(o))
+        continue
+      passed = [held(a) for a in eqn.invars]
+      if compat.is_scan(eqn):
+        consts = compat.scan_num_consts(eqn)
+        carries = compat.scan_num_carry(eqn)
+        passed = [p and not consts <= i < consts + carries
+                  for i, p in enumerate(passed)]
+      for sub in sub_jaxprs(eqn):
+        if len(sub.invars) == len(passed):
+          found.update(v for v, p in zip(sub.invars, passed, strict=True) if p)
+        visit(sub)
+
+  visit(jaxpr)
+  return found
+
+
+def multiplies_activations(eqn: JaxprEqn, parameters: set[Any]) -> bool:
+  """Whether ``eqn`` is a ``dot_general`` of two activations: neither
+  operand is a parameter or constant (:func:`parameter_vars`) or a literal."""
+  return eqn.primitive.name == "dot_general" and not any(
+      not is_jaxpr_var(a) or a in parameters for a in eqn.invars[:2])
 
 
 # ---------------------------------------------------------------- rewrites
@@ -489,7 +715,8 @@ def inline_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
     for be in body.eqns:
       outs = [v if isinstance(v, compat.DropVar) else Var(v.aval)
               for v in be.outvars]
-      eqns.append(be.replace(
+      # Out of the region, each keeps the module scopes JAX would prefix.
+      eqns.append(compat.nest_scopes(be, eqn).replace(
           invars=[benv.get(a, a) if is_jaxpr_var(a) else a for a in be.invars],
           outvars=outs))
       benv.update(zip(be.outvars, outs, strict=True))

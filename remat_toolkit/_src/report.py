@@ -28,7 +28,7 @@ from remat_toolkit._src.findings import KEEPS_ONLY_INPUTS
 from remat_toolkit._src.pareto import pareto_flags
 from remat_toolkit._src.rendered import Rendered
 
-__all__ = ["Residual", "ResidualReport", "Comparison"]
+__all__ = ["Residual", "RecomputedKernel", "ResidualReport", "Comparison"]
 
 #: The residual kinds counted in ``activation_bytes`` (and
 #: ``offloaded_bytes``): every one JAX's ``saved_residuals`` lists except
@@ -59,6 +59,11 @@ class Residual:
     label: for arguments, the pytree path of the argument leaf.
     per_device_nbytes: bytes one device holds (its largest shard), when the
       arguments are sharded over several devices; None otherwise.
+    kernel: the kernel that made it, None elsewhere: the name of a
+      ``jax.custom_vjp`` function (its forward rule computed the value, e.g.
+      a flash-attention kernel's output or log-sum-exp) or of a Pallas
+      kernel (``pallas_call``), also when a jitted function wraps it.
+      :attr:`module_path` is where the kernel was called.
   """
 
   shape: tuple[int, ...]
@@ -73,6 +78,7 @@ class Residual:
   stacked: int = 1
   label: str = ""
   per_device_nbytes: int | None = None
+  kernel: str | None = None
 
   @property
   def device_share(self) -> int:
@@ -102,6 +108,60 @@ def module_prefix(module_path: str, depth: int | None) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class RecomputedKernel:
+  """A kernel whose forward runs again in the backward pass.
+
+  Its backward rule reads residuals its forward made (a flash kernel's
+  output and log-sum-exp) that the policy did not keep, so the backward
+  pass runs the whole forward again, as a step without remat would not.
+
+  Attributes:
+    kernel: the kernel's name (see :attr:`Residual.kernel`).
+    module_path: where it is called.
+    flops: FLOPs of the forward run again, per training step (matmul
+      FLOPs, or what a Pallas kernel's ``cost_estimate`` declares).
+    runs: how many more times the forward runs per step than without remat
+      (a kernel in a scan over layers runs once per layer); a fraction when
+      only part of its forward runs again.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> @jax.custom_vjp
+    ... def kernel(x, w):
+    ...   return jnp.tanh(x @ w)
+    >>> def kernel_fwd(x, w):  # its backward reads h, not the output
+    ...   h = x @ w
+    ...   return jnp.tanh(h), (x, w, h)
+    >>> def kernel_bwd(res, g):
+    ...   x, w, h = res
+    ...   d = g * (1 - jnp.tanh(h) ** 2)
+    ...   return d @ w.T, x.T @ d
+    >>> kernel.defvjp(kernel_fwd, kernel_bwd)
+    >>> block = rt.remat(lambda x, w: kernel(x, w))
+    >>> args = (jax.ShapeDtypeStruct((8, 16), jnp.float32),
+    ...         jax.ShapeDtypeStruct((16, 16), jnp.float32))
+    >>> loss = lambda x, w: block(x, w).sum()
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...   warnings.simplefilter("ignore")
+    ...   report = rt.analyze(loss, *args, policy="boundary-only")
+    >>> report.recomputed_kernels
+    (RecomputedKernel(kernel='kernel', module_path='', flops=4096, runs=1.0),)
+  """
+
+  kernel: str
+  module_path: str
+  flops: int
+  runs: float
+
+  @property
+  def where(self) -> str:
+    """``kernel at module/path`` (or the kernel alone at the top level)."""
+    return f"{self.kernel} at {self.module_path}" if self.module_path else self.kernel
+
+
+@dataclasses.dataclass(frozen=True)
 class ResidualReport(Rendered):
   """What one policy keeps, where, how many bytes, and what it recomputes.
 
@@ -125,8 +185,15 @@ class ResidualReport(Rendered):
       devices); see :mod:`remat_toolkit._src.sharding`.
     warnings: why the figures may not be this policy's own: no region reads
       it, regions with their own policy ignore it, or it keeps none of its
-      names in this model (see
+      names in this model; kernels that run again, remat modes that keep a
+      kernel's residuals differently, matmuls of two activations (S x S
+      attention logits) a matmul policy keeps (see
       :func:`remat_toolkit._src.findings.policy_warnings`).
+    recomputed_kernels: the kernels (``custom_vjp`` or Pallas) whose forward
+      runs again in the backward pass under this policy, with the FLOPs of
+      that re-run (counted in :attr:`recompute_flops` too); empty when every
+      kernel's residuals are kept. Residuals made by a kernel carry
+      :attr:`Residual.kernel`.
   """
 
   policy: str
@@ -141,6 +208,7 @@ class ResidualReport(Rendered):
   per_device_activation_bytes: int | None = None
   warnings: tuple[str, ...] = ()
   per_device_method: str | None = None
+  recomputed_kernels: tuple[RecomputedKernel, ...] = ()
 
   # ------------------------------------------------------------ totals
   @property
@@ -225,6 +293,17 @@ class ResidualReport(Rendered):
     return _group(self._of_kind(kind),
                   lambda r: r.primitive)
 
+  def by_kernel(self) -> dict[str, int]:
+    """Activation bytes made by each kernel (residuals with a
+    :attr:`Residual.kernel`)."""
+    return _group((r for r in self.activations if r.kernel),
+                  lambda r: r.kernel)
+
+  @property
+  def kernel_recompute_flops(self) -> int:
+    """FLOPs of the kernel forwards that run again (:attr:`recomputed_kernels`)."""
+    return sum(k.flops for k in self.recomputed_kernels)
+
   # ------------------------------------------------------------ data out
   def to_dict(self) -> dict[str, Any]:
     """Plain data: totals, FLOPs and one entry per residual."""
@@ -244,6 +323,8 @@ class ResidualReport(Rendered):
         "remat_regions": self.remat_regions,
         "xla": dict(self.xla) if self.xla else None,
         "warnings": list(self.warnings),
+        "recomputed_kernels": [dataclasses.asdict(k)
+                               for k in self.recomputed_kernels],
         "residuals": [dataclasses.asdict(r) for r in self.residuals],
     }
 
@@ -258,6 +339,8 @@ class ResidualReport(Rendered):
             f"activation_bytes={self.activation_bytes}, "
             f"offloaded_bytes={self.offloaded_bytes}, "
             f"recompute_flops={self.recompute_flops}"
+            + (f", recomputed_kernels={len(self.recomputed_kernels)}"
+               if self.recomputed_kernels else "")
             + (f", warnings={len(self.warnings)}" if self.warnings else "")
             + ")")
 
@@ -363,6 +446,8 @@ class Comparison(Rendered):
           "per_device_method": r.per_device_method,
           "pareto": pareto[name],
           "keeps_none_of_its_names": name in silent,
+          "recomputed_kernels": [k.where for k in r.recomputed_kernels],
+          "kernel_recompute_flops": r.kernel_recompute_flops,
       })
     return rows
 

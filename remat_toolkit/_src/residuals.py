@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -34,23 +35,32 @@ class TracedStep:
   """Forward pass with residuals, plus what the backward pass costs.
 
   ``jaxpr`` has outvars ``[loss, *residuals]``; ``backward_flops`` counts the
-  matmul FLOPs of the backward pass, recomputation included.
+  matmul FLOPs of the backward pass, recomputation included;
+  ``kernel_work`` is the work of each marked kernel over the whole step,
+  forward and backward (:func:`_jaxpr.kernel_work`; empty for a program
+  without kernels).
   """
 
   jaxpr: Any
   num_residuals: int
   backward_flops: int
+  kernel_work: Mapping[tuple[str, str], _jaxpr.KernelWork] = dataclasses.field(
+      default_factory=dict)
 
 
 def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
-                        forward_flops: int) -> TracedStep:
+                        forward_flops: int, *, kernels: bool = False
+                        ) -> TracedStep:
   """Traces ``jax.vjp`` of ``jaxpr`` and measures its backward pass.
 
   Under remat2 the backward cost is read off the linearized jaxpr JAX keeps
   in the VJP (each linear matmul transposes to one matmul of equal cost, and
   remat regions carry their recomputation), so the backward pass is never
-  traced. remat3 hides its linear program inside an opaque primitive, so
-  there the backward pass is traced and dead code dropped.
+  traced. remat3 hides its linear program inside an opaque primitive, and a
+  ``custom_vjp``'s backward rule is Python the linearized jaxpr does not
+  hold, so there (and for a program with ``kernels``, whose work is
+  counted over the whole step) the backward pass is traced and dead code
+  dropped.
   """
   remat3 = compat.remat3_enabled()
   evaluate = compat.eval_jaxpr if remat3 else _jaxpr.eval_with_jitted_regions
@@ -79,22 +89,25 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
   closed = jax.make_jaxpr(forward)(*leaves)
   num_res = len(closed.jaxpr.outvars) - 1
   linear = getattr(captured[0], "jaxpr", None)
-  if linear is not None and not remat3:
+  if (linear is not None and not remat3 and not kernels
+      and not any(map(compat.has_python_transpose, _jaxpr.walk(linear)))):
     return TracedStep(closed, num_res, _jaxpr.count_matmul_flops(linear))
+  live = _traced_step(traced_loss, leaves)
   return TracedStep(closed, num_res,
-                    _traced_step_flops(traced_loss, leaves) - forward_flops)
+                    _jaxpr.count_matmul_flops(live) - forward_flops,
+                    _jaxpr.kernel_work(live) if kernels else {})
 
 
-def _traced_step_flops(traced_loss: Callable[[], Callable], leaves: list[Any]
-                       ) -> int:
+def _traced_step(traced_loss: Callable[[], Callable], leaves: list[Any]
+                 ) -> Jaxpr:
+  """The whole training step (forward and backward), dead code dropped."""
   def step(*xs):
     out, vjp_fn = jax.vjp(traced_loss(), *xs)
     return out, vjp_fn(jax.numpy.ones_like(out))
 
   closed = jax.make_jaxpr(step)(*leaves)
   # remat3 leaves dead recomputation in the traced program (XLA drops it).
-  live = compat.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-  return _jaxpr.count_matmul_flops(live)
+  return compat.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +129,10 @@ class ResidualOrigin:
     stacked: the scan length it is stacked over.
     arg_index: for arguments, the index of the step's argument.
     var: the step variable holding it (what XLA shards), or a literal.
+    kernel: the kernel that made it (a ``custom_vjp`` or ``pallas_call``
+      name), if any.
+    activation_matmul: whether a ``dot_general`` of two activations made
+      it (attention logits: :func:`_jaxpr.multiplies_activations`).
   """
 
   aval: Any
@@ -128,6 +145,8 @@ class ResidualOrigin:
   stacked: int
   arg_index: int | None
   var: Any = None
+  kernel: str | None = None
+  activation_matmul: bool = False
 
 
 def _producers(jaxpr: Jaxpr) -> dict[Any, JaxprEqn]:
@@ -143,10 +162,19 @@ def _join(prefix: str, path: str) -> str:
 
 
 class _OriginTracer:
-  """Follows a variable through scan/jit/remat bodies to its named producer."""
+  """Follows a variable through scan and call bodies to its producer.
 
-  def __init__(self):
+  Call-like equations (jit, ``closed_call`` / ``eval_jaxpr``, custom_jvp
+  and custom_vjp calls, remat regions: :func:`compat.call_body`) are looked
+  through, so a residual is named after the equation that made it rather
+  than the call it left by. Each is attributed to the kernel that made it,
+  if any: one marked by :func:`_jaxpr.mark_kernels` (the mark rides on what
+  JAX derives from it), or a ``pallas_call`` found on the way.
+  """
+
+  def __init__(self, parameters: set[Any] | None = None):
     self._producers: dict[int, dict[Any, JaxprEqn]] = {}
+    self._parameters = parameters or set()
 
   def producer(self, jaxpr: Jaxpr, var: Any) -> JaxprEqn | None:
     if id(jaxpr) not in self._producers:
@@ -154,17 +182,30 @@ class _OriginTracer:
     return self._producers[id(jaxpr)].get(var)
 
   def origin(self, var: Any, jaxpr: Jaxpr, prefix: str = "", stacked: int = 1,
-             host: bool = False) -> dict:
+             host: bool = False, kernel: str | None = None) -> dict:
     eqn = self.producer(jaxpr, var)
     if eqn is None:  # an input of the enclosing body: the region/loop input
       return dict(name=None, primitive="input", module_path=prefix,
-                  source="", stacked=stacked, host=host)
-    path = _join(prefix, _jaxpr.module_path(eqn))
+                  source="", stacked=stacked, host=host, kernel=kernel,
+                  activation_matmul=False)
+    if kernel is not None:  # inside a kernel: its path is where it was called
+      path = prefix
+    else:
+      mark = compat.kernel_mark_of(eqn)
+      if mark is not None:
+        kernel, path = mark[0], _join(prefix, "/".join(mark[1]))
+      else:
+        kernel = compat.kernel_name(eqn)
+        path = _join(prefix, _jaxpr.module_path(eqn))
     name = compat.checkpoint_name_of(eqn)
     if name is not None:
-      return dict(name=name, primitive=self._named_primitive(eqn, jaxpr),
+      made = self._named_producer(eqn, jaxpr)
+      return dict(name=name,
+                  primitive=made.primitive.name if made is not None else "name",
                   module_path=path, source=_jaxpr.source_of(eqn),
-                  stacked=stacked, host=host)
+                  stacked=stacked, host=host,
+                  kernel=kernel or (_kernel_of(made) if made else None),
+                  activation_matmul=self._multiplies_activations(made))
     prim = eqn.primitive.name
     index = eqn.outvars.index(var)
     if prim in ("reduce_precision", "device_put"):
@@ -173,33 +214,41 @@ class _OriginTracer:
       host = host or _jaxpr.offload_destination(eqn) == "host"
       inner = eqn.invars[index if prim == "device_put" else 0]
       if _jaxpr.is_jaxpr_var(inner):
-        return self.origin(inner, jaxpr, prefix, stacked, host)
+        return self.origin(inner, jaxpr, prefix, stacked, host, kernel)
+    body = compat.call_body(eqn)
     if prim == "scan":  # the forward program: never a linearized node
       body = _jaxpr.sub_jaxprs(eqn)[0]
       if index >= compat.scan_num_carry(eqn):  # stacked: one value per step
         inner = body.outvars[index]
         if _jaxpr.is_jaxpr_var(inner):
           return self.origin(inner, body, path,
-                             stacked * _jaxpr.scan_length(eqn), host)
-    elif prim in ("pjit", "jit", "closed_call", "core_call") or compat.is_remat(eqn):
-      subs = _jaxpr.sub_jaxprs(eqn)
-      if len(subs) == 1 and len(subs[0].outvars) == len(eqn.outvars):
-        inner = subs[0].outvars[index]
-        if _jaxpr.is_jaxpr_var(inner):
-          found = self.origin(inner, subs[0], path, stacked, host)
-          if found["primitive"] != "input":
-            return found
+                             stacked * _jaxpr.scan_length(eqn), host, kernel)
+    elif body is not None:
+      inner = body.outvars[index]
+      if _jaxpr.is_jaxpr_var(inner):
+        found = self.origin(inner, body, path, stacked, host, kernel)
+        if found["primitive"] != "input":
+          return found
     return dict(name=None, primitive=prim, module_path=path,
-                source=_jaxpr.source_of(eqn), stacked=stacked, host=host)
+                source=_jaxpr.source_of(eqn), stacked=stacked, host=host,
+                kernel=kernel, activation_matmul=self._multiplies_activations(eqn))
 
-  def _named_primitive(self, eqn: JaxprEqn, jaxpr: Jaxpr) -> str:
-    """The primitive that produced the value a checkpoint name was put on."""
+  def _named_producer(self, eqn: JaxprEqn, jaxpr: Jaxpr) -> JaxprEqn | None:
+    """The equation that made the value a checkpoint name was put on."""
     inner = eqn.invars[0] if eqn.invars else None
     if _jaxpr.is_jaxpr_var(inner):
-      producer = self.producer(jaxpr, inner)
-      if producer is not None:
-        return producer.primitive.name
-    return "name"
+      return self.producer(jaxpr, inner)
+    return None
+
+  def _multiplies_activations(self, eqn: JaxprEqn | None) -> bool:
+    return eqn is not None and _jaxpr.multiplies_activations(eqn,
+                                                            self._parameters)
+
+
+def _kernel_of(eqn: JaxprEqn) -> str | None:
+  """The kernel that made ``eqn``: its mark, else a kernel it is itself."""
+  mark = compat.kernel_mark_of(eqn)
+  return mark[0] if mark is not None else compat.kernel_name(eqn)
 
 
 def residual_origins(step: Any, num_out: int, num_res: int
@@ -214,7 +263,7 @@ def residual_origins(step: Any, num_out: int, num_res: int
   copies = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
             if e.primitive.name == "reduce_precision"}
   invar_index = {v: i for i, v in enumerate(jaxpr.invars)}
-  tracer = _OriginTracer()
+  tracer = _OriginTracer(_jaxpr.parameter_vars(jaxpr))
   origins = []
   seen: set[Any] = set()
   for v in jaxpr.outvars[num_out:num_out + num_res]:
@@ -237,7 +286,8 @@ def residual_origins(step: Any, num_out: int, num_res: int
     origins.append(ResidualOrigin(
         v.aval, "activation", found["name"], found["primitive"],
         found["module_path"], found["source"], "host" if host else "device",
-        found["stacked"], None, v))
+        found["stacked"], None, v, kernel=found["kernel"],
+        activation_matmul=found["activation_matmul"]))
   return origins
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,9 +37,11 @@ from remat_toolkit._src import lowering
 from remat_toolkit._src import region_inputs
 from remat_toolkit._src import residuals as _residuals
 from remat_toolkit._src import sharding as _sharding
+from remat_toolkit._src.findings import kernel_warnings
 from remat_toolkit._src.findings import policy_warnings
 from remat_toolkit._src.policy import Policy
 from remat_toolkit._src.report import COUNTED_KINDS
+from remat_toolkit._src.report import RecomputedKernel
 from remat_toolkit._src.report import Residual
 from remat_toolkit._src.report import ResidualReport
 from remat_toolkit._src.resolve import SAVE_EVERYTHING
@@ -103,6 +106,8 @@ class TracedProgram:
           f"fn must return a scalar floating-point loss, got "
           f"{jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', out_shape)}; "
           "reduce it, e.g. return loss.mean().")
+    # Marked before regions are shared: identical layers stay identical.
+    closed = closed.replace(jaxpr=_jaxpr.mark_kernels(closed.jaxpr))
     self.jaxpr = closed.replace(jaxpr=_jaxpr.share_identical_regions(
         closed.jaxpr, self._markers))
     self.regions = _jaxpr.count_remat_regions(closed.jaxpr, self._markers)
@@ -111,10 +116,13 @@ class TracedProgram:
     self._region_names = _region_name_sets(self.jaxpr.jaxpr, self._markers)
     self._own_regions: list[tuple[str, str]] | None = None
     self._matmuls: _jaxpr.MatmulCounts | None = None
+    self._custom_vjps: list[_jaxpr.KernelForward] | None = None
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, tuple[Any, int]] = {}
+    self._baseline_step: _residuals.TracedStep | None = None
     self._baseline_flops: int | None = None
+    self.kernel_sites = _jaxpr.kernel_work(closed.jaxpr)
 
   def _trace(self, flat_fn):
     with lowering.substitute_ambient(self._markers), _sharding.tracing(
@@ -201,6 +209,21 @@ class TracedProgram:
     return self._matmuls
 
   @property
+  def ambient_custom_vjps(self) -> list[_jaxpr.KernelForward]:
+    """The ``custom_vjp`` kernels inside the regions that read the ambient
+    policy, with the names and matmuls of their forward rules."""
+    if self._custom_vjps is None:
+      self._custom_vjps = _jaxpr.custom_vjp_forwards(
+          self.jaxpr.jaxpr,
+          lambda eqn: compat.remat_policy_of(eqn) in self._markers)
+      if self._root:
+        self._custom_vjps = [
+            dataclasses.replace(f, module_path=_strip_root(f.module_path,
+                                                           self._root))
+            for f in self._custom_vjps]
+    return self._custom_vjps
+
+  @property
   def own_policy_regions(self) -> list[tuple[str, str]]:
     """``(where, policy)`` of each remat region that has its own policy."""
     if self._own_regions is None:
@@ -258,7 +281,8 @@ class TracedProgram:
       try:
         with _sharding.tracing(self._layout):
           self._steps[key] = _residuals.trace_training_step(
-              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
+              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
+              kernels=bool(self.kernel_sites))
       except NotImplementedError as e:
         # JAX's remat refuses some effects (io_callback) inside a region.
         sites = _jaxpr.effects_in_remat_regions(self.jaxpr.jaxpr)
@@ -276,16 +300,46 @@ class TracedProgram:
   def baseline_step_flops(self) -> int:
     """Forward + backward FLOPs of a step with the ambient regions removed."""
     if self._baseline_flops is None:
+      step = self.baseline_step
+      self._baseline_flops = self.forward_flops + step.backward_flops
+    return self._baseline_flops
+
+  @property
+  def baseline_step(self) -> _residuals.TracedStep:
+    """The training step with the ambient regions removed (no remat)."""
+    if self._baseline_step is None:
       if compat.remat3_enabled():
         # jax 0.10's remat3 everything_saveable recomputes un-named values.
         jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._markers)
         with _sharding.tracing(self._layout):
-          step = _residuals.trace_training_step(
-              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops)
+          self._baseline_step = _residuals.trace_training_step(
+              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
+              kernels=bool(self.kernel_sites))
       else:
-        step = self.step(SAVE_EVERYTHING)
-      self._baseline_flops = self.forward_flops + step.backward_flops
-    return self._baseline_flops
+        self._baseline_step = self.step(SAVE_EVERYTHING)
+    return self._baseline_step
+
+  def recomputed_kernels(self, policy: Policy) -> tuple[RecomputedKernel, ...]:
+    """The kernels whose forward runs again in the backward pass under
+    ``policy``: their work over the training step beyond the work of the
+    same step without remat (a backward rule that re-runs part of its own
+    forward by design is not counted)."""
+    if not self.kernel_sites:
+      return ()
+    per_run = _kernel_work_by_site(self.kernel_sites, self._root)
+    work = _kernel_work_by_site(self.step(policy).kernel_work, self._root,
+                                per_run)
+    base = _kernel_work_by_site(self.baseline_step.kernel_work, self._root,
+                                per_run)
+    found = []
+    for site, done in work.items():
+      without = base.get(site, _jaxpr.KernelWork())
+      extra = done.flops - without.flops
+      launches = done.launches - without.launches
+      if extra > 0 or launches > 0:
+        runs = _extra_runs(extra, launches, per_run.get(site))
+        found.append(RecomputedKernel(site[0], site[1], max(extra, 0), runs))
+    return tuple(found)
 
   def residuals(self, policy: Policy) -> list[Residual]:
     step = self.step(policy)
@@ -313,7 +367,8 @@ class TracedProgram:
         shape=tuple(int(d) for d in o.aval.shape), dtype=str(o.aval.dtype),
         nbytes=_residuals.aval_nbytes(o.aval), kind=o.kind, name=o.name,
         module_path=path, primitive=o.primitive, source=o.source,
-        memory_kind=o.memory_kind, stacked=o.stacked, label=label)
+        memory_kind=o.memory_kind, stacked=o.stacked, label=label,
+        kernel=o.kernel)
 
   def report(self, policy: Policy, *, compile: bool = False) -> ResidualReport:
     """The :class:`ResidualReport` of ``policy`` on this program."""
@@ -333,6 +388,10 @@ class TracedProgram:
       per_device = sum(r.per_device_nbytes for r in residuals
                        if r.kind in COUNTED_KINDS and r.memory_kind == "device")
     notes = [self._layout.note] if self._layout.note else []
+    recomputed = self.recomputed_kernels(policy)
+    kernel_notes = kernel_warnings(self, policy, residuals,
+                                   [o.activation_matmul for o in origins],
+                                   recomputed)
     return ResidualReport(
         policy=policy.name, residuals=residuals,
         forward_flops=self.forward_flops,
@@ -341,8 +400,10 @@ class TracedProgram:
         remat_regions=self.regions,
         xla=self.xla_memory(policy) if compile else None,
         devices=self._layout.devices, per_device_activation_bytes=per_device,
-        warnings=tuple(policy_warnings(self, policy)) + tuple(notes),
-        per_device_method=self._layout.method)
+        warnings=(tuple(policy_warnings(self, policy)) + tuple(kernel_notes)
+                  + tuple(notes)),
+        per_device_method=self._layout.method,
+        recomputed_kernels=recomputed)
 
   def xla_memory(self, policy: Policy) -> dict[str, Any]:
     """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``.
@@ -415,6 +476,48 @@ def _root_scope(jaxpr) -> str:
             for e in jaxpr.eqns}
   firsts.discard("")
   return firsts.pop() if len(firsts) == 1 else ""
+
+
+def _extra_runs(extra_flops: int, extra_launches: int,
+                once: _jaxpr.KernelWork | None) -> float:
+  """How many more times a kernel runs, from its extra work and the work of
+  its calls in the primal program (``once``): its Pallas launches where it
+  has some, else its FLOPs."""
+  calls = max(once.calls, 1) if once is not None else 1
+  if extra_launches > 0 and once is not None and once.launches:
+    return round(extra_launches * calls / once.launches, 2)
+  if once is not None and once.flops:
+    return round(extra_flops * calls / once.flops, 2)
+  return float(max(extra_launches, 1))
+
+
+def _kernel_work_by_site(work: Mapping[tuple[str, str], _jaxpr.KernelWork],
+                         root: str,
+                         sites: Mapping[tuple[str, str], Any] | None = None
+                         ) -> dict[tuple[str, str], _jaxpr.KernelWork]:
+  """Kernel work keyed by (kernel, module path as residuals read it).
+
+  Differentiating a program can stack a call's scopes on scopes JAX kept
+  from an earlier trace of a shared body (``layers_1/layers_0/...``); the
+  kernel's call site is then the longest of the primal program's ``sites``
+  its path starts with.
+  """
+  merged: dict[tuple[str, str], _jaxpr.KernelWork] = {}
+  for (kernel, path), w in work.items():
+    path = _strip_root(path, root) if root else _dedup(path)
+    known = [p for k, p in (sites or ()) if k == kernel
+             and (path == p or path.startswith(p + "/") or not p)]
+    site = (kernel, max(known, key=len) if known else path)
+    total = merged.setdefault(site, _jaxpr.KernelWork())
+    total.flops += w.flops
+    total.launches += w.launches
+    total.calls += w.calls
+  return merged
+
+
+def _dedup(path: str) -> str:
+  parts = path.split("/")
+  return "/".join(p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1])
 
 
 def _strip_root(path: str, root: str) -> str:

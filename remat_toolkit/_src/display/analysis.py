@@ -38,6 +38,15 @@ def residual_report_summary(report: ResidualReport) -> list[str]:
       f"{fmt.format_flops(report.recompute_flops)} "
       f"({report.recompute_percent:.1f}% of a no-remat step)",
   ]
+  if report.recomputed_kernels:
+    lines.append("kernels whose forward runs again in the backward pass: "
+                 + ", ".join(f"{k.where} ({k.runs:g}x, "
+                             f"{fmt.format_flops(k.flops)})"
+                             for k in report.recomputed_kernels))
+  kernels = report.by_kernel()
+  if kernels:
+    lines.append("made by kernels: " + ", ".join(
+        f"{k} {fmt.format_bytes(b)}" for k, b in kernels.items()))
   others = {k: b for k, b in report.bytes_by_kind().items()
             if k not in ("activation", "argument")}
   if others:
@@ -59,25 +68,30 @@ def residual_report_summary(report: ResidualReport) -> list[str]:
 def residual_table(report: ResidualReport, *, depth: int | None = 2,
                    limit: int = 40) -> str:
   """Per-module, per-name table of a report's activation residuals."""
-  rows: dict[tuple[str, str], list] = {}
+  rows: dict[tuple[str, str, str, str], list] = {}
   for r in report.activations:
     module = module_prefix(r.module_path, depth)
-    row = rows.setdefault((module, r.what, r.kind),
+    row = rows.setdefault((module, r.what, r.kind, r.kernel or ""),
                           [0, 0, r.memory_kind, r.stacked])
     row[0] += 1
     row[1] += r.nbytes
   ordered = sorted(rows.items(), key=lambda kv: -kv[1][1])
   total = max(report.activation_bytes + report.offloaded_bytes, 1)
   body = [[m, w, k, n, fmt.format_bytes(b), f"{100 * b / total:.1f}%", mk,
-           s if s > 1 else ""]
-          for (m, w, k), (n, b, mk, s) in ordered[:limit]]
+           s if s > 1 else "", kernel]
+          for (m, w, k, kernel), (n, b, mk, s) in ordered[:limit]]
   if len(ordered) > limit:
     rest = sum(v[1] for _, v in ordered[limit:])
     body.append(["...", f"{len(ordered) - limit} more", "", "",
-                 fmt.format_bytes(rest), f"{100 * rest / total:.1f}%", "", ""])
-  return fmt.text_table(["module", "residual", "kind", "count", "bytes", "share",
-                         "memory", "stacked"], body,
-                        right=[False, False, False, True, True, True, False, True])
+                 fmt.format_bytes(rest), f"{100 * rest / total:.1f}%", "", "",
+                 ""])
+  headers = ["module", "residual", "kind", "count", "bytes", "share", "memory",
+             "stacked", "kernel"]
+  right = [False, False, False, True, True, True, False, True, False]
+  if not any(key[3] for key in rows):  # no kernel: no column
+    headers, right = headers[:-1], right[:-1]
+    body = [line[:-1] for line in body]
+  return fmt.text_table(headers, body, right=right)
 
 
 @to_text.register
@@ -98,8 +112,22 @@ def _(report: ResidualReport) -> str:
   kinds = fmt.html_table(["kind", "bytes"], [
       [k, fmt.format_bytes(b)] for k, b in report.bytes_by_kind().items()],
       caption="Residual bytes by kind")
+  kernels = ""
+  if report.by_kernel() or report.recomputed_kernels:
+    kept = report.by_kernel()
+    rerun = {}
+    for k in report.recomputed_kernels:
+      rerun.setdefault(k.kernel, []).append(k)
+    kernels = fmt.html_table(["kernel", "residual bytes", "forward runs again"], [
+        [name, fmt.format_bytes(kept.get(name, 0)),
+         (f"{sum(k.runs for k in rerun[name]):g}x, "
+          f"{fmt.format_flops(sum(k.flops for k in rerun[name]))}")
+         if name in rerun else "no"]
+        for name in dict.fromkeys([*kept, *rerun])],
+        caption="Kernels")
   return (f"<div><p style='font-family:monospace'>{summary}</p>"
-          f"<div style='display:flex;gap:2em'>{modules}{names}{kinds}</div></div>")
+          f"<div style='display:flex;gap:2em'>{modules}{names}{kinds}{kernels}"
+          "</div></div>")
 
 
 @to_dataframe.register
@@ -116,8 +144,11 @@ def _comparison_table(comparison: Comparison
   reports = comparison.reports.values()
   has_xla = any(r.xla for r in reports)
   sharded = any(r.devices > 1 for r in reports)
+  reruns = any(r.recomputed_kernels for r in reports)
   if sharded:
     headers.insert(2, "per device")
+  if reruns:
+    headers.insert(headers.index("residuals"), "kernels re-run")
   if has_xla:
     headers.insert(len(headers) - 1, "XLA temp")
   body, pareto = [], []
@@ -132,6 +163,9 @@ def _comparison_table(comparison: Comparison
             ", ".join(row["largest"]), "*" if row["pareto"] else ""]
     if sharded:
       line.insert(2, fmt.format_bytes(row["activation_bytes_per_device"]))
+    if reruns:
+      line.insert(headers.index("kernels re-run"),
+                  _rerun_cell(comparison.reports[row["policy"]]))
     if has_xla:
       line.insert(len(line) - 1, fmt.format_bytes(row["xla_temp_bytes"] or 0))
     body.append(line)
@@ -139,13 +173,23 @@ def _comparison_table(comparison: Comparison
   return headers, body, pareto
 
 
+def _rerun_cell(report: ResidualReport) -> str:
+  """``mha 2x`` per kernel whose forward runs again, ``-`` for none."""
+  runs: dict[str, float] = {}
+  for k in report.recomputed_kernels:
+    runs[k.kernel] = runs.get(k.kernel, 0) + k.runs
+  return ", ".join(f"{n} {r:g}x" for n, r in runs.items()) or "-"
+
+
 _SILENT_NOTE = "! = keeps none of its names in this model (see warnings)"
+_RERUN_NOTE = ("kernels re-run = kernels whose forward runs again in the "
+               "backward pass, times per step (see warnings)")
 
 
 @to_text.register
 def _(comparison: Comparison) -> str:
   headers, body, _ = _comparison_table(comparison)
-  right = [h not in ("policy", "largest") for h in headers]
+  right = [h not in ("policy", "largest", "kernels re-run") for h in headers]
   lines = [fmt.text_table(headers, body, right=right)]
   if comparison.baseline:
     b = comparison.baseline
@@ -164,6 +208,8 @@ def _(comparison: Comparison) -> str:
     lines.append(f"skipped {name}: {why}")
   if comparison.silent_policies():
     lines.append(_SILENT_NOTE)
+  if "kernels re-run" in headers:
+    lines.append(_RERUN_NOTE)
   lines.extend(f"warning: {w}" for w in comparison.warnings)
   return "\n".join(lines)
 
@@ -175,6 +221,8 @@ def _(comparison: Comparison) -> str:
                   for n, w in comparison.skipped.items())
   if comparison.silent_policies():
     notes += f"<p>{_SILENT_NOTE}</p>"
+  if "kernels re-run" in headers:
+    notes += f"<p>{_RERUN_NOTE}</p>"
   return (fmt.html_table(headers, body,
                          caption="Policies compared (bold: Pareto-optimal)",
                          highlight=pareto)
