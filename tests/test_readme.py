@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+from remat_toolkit._src import compat as compat
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -25,3 +27,11 @@ def test_models_that_remat_themselves_example_runs(capsys):
   out = _run_first_block_after("### Models that remat themselves", capsys)
   assert "boundary-only" in out and "save-ffn" in out and "save-everything" in out
   assert "no remat region" not in out and "4 remat regions" in out
+
+
+def test_kernel_example_runs(capsys):
+  out = _run_first_block_after("### Kernels (`custom_vjp`)", capsys)
+  assert "attn.q" in out
+  # The flash kernel's residuals are named inside a custom_vjp: the default
+  # remat implementation honours the name, jax_remat3 (by default) does not.
+  assert ("attn.context" in out) is not compat.remat3_enabled()
