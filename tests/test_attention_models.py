@@ -264,10 +264,10 @@ def test_analyzer_bytes_equal_jax_for_each_attention_core(
   config = models.get_config("tiny", attention=attention,
                              flash_block_size=block)
   fn, args = models.build_loss(config, framework=framework, scan=scan)
+  comparison = rt.compare(fn, *args, policies=POLICIES)
   for policy in POLICIES:
-    report = rt.analyze(fn, *args, policy=policy)
-    assert report.activation_bytes == jax_activation_bytes(fn, args, policy), (
-        policy)
+    assert comparison.reports[policy].activation_bytes == (
+        jax_activation_bytes(fn, args, policy)), policy
 
 
 def test_dot_product_attention_output_is_the_named_context(remat_mode):

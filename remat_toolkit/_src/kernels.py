@@ -52,9 +52,10 @@ def tag_residuals(kernel: Callable[..., Any], name: str) -> Callable[..., Any]:
   Which remat implementation sees the names: with ``jax_remat3`` off, a
   policy sees inside the forward rule and honours them. With ``jax_remat3``
   on, JAX treats a ``custom_vjp`` as opaque and ignores names inside it
-  unless ``jax_custom_vjp3`` is on (JAX 0.12; on 0.10 not even then); the
-  copy is a ``jax.custom_vjp`` made under the ``jax_custom_vjp3`` setting in
-  force when ``tag_residuals`` is called.
+  unless ``jax_custom_vjp3`` is on (JAX 0.12; on 0.10 not even then). The
+  copy is made with ``jax.custom_vjp`` when ``tag_residuals`` is called; on
+  releases where ``jax.custom_vjp`` picks its implementation when it is made
+  (0.10), the ``jax_custom_vjp3`` setting in force then is the copy's.
 
   Args:
     kernel: a function decorated with ``jax.custom_vjp`` whose ``defvjp``

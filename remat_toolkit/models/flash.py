@@ -80,9 +80,10 @@ def make_flash_kernel(*, block_size: int = DEFAULT_BLOCK_SIZE,
                       causal: bool = True) -> Kernel:
   """The ``jax.custom_vjp`` kernel ``(q, k, v) -> context``, unnamed.
 
-  Made anew on each call: ``jax.custom_vjp`` picks its implementation from
-  ``jax_custom_vjp3`` when it is made, so a kernel made at trace time
-  follows the setting in force then.
+  Made anew on each call (:func:`flash_attention` makes one per call): on
+  releases where ``jax.custom_vjp`` reads ``jax_custom_vjp3`` when it is
+  made (0.10), a kernel made at trace time follows the setting in force
+  then.
 
   Args:
     block_size: keys per block.
