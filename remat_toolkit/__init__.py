@@ -24,6 +24,7 @@ from remat_toolkit._src.frontier import frontier
 from remat_toolkit._src.grouping import nnx_scan_layers
 from remat_toolkit._src.grouping import remat_chain
 from remat_toolkit._src.grouping import scan_layers
+from remat_toolkit._src.kernels import tag_residuals
 from remat_toolkit._src.nnx_paths import name_nnx_modules
 from remat_toolkit._src.planner import plan
 from remat_toolkit._src.policy import Policy
@@ -47,6 +48,7 @@ __all__ = [
     "load_policies",
     "register_policy",
     "tag",
+    "tag_residuals",
     "use_policy",
     "current_policy",
     # applying them

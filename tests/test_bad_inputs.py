@@ -69,6 +69,13 @@ class _Model(nn.Module):
     return _Block()(x)
 
 
+def _custom_vjp_kernel():
+  kernel = jax.custom_vjp(jnp.sin)
+  kernel.defvjp(lambda x: (jnp.sin(x), (jnp.cos(x),)),
+                lambda res, g: (res[0] * g,))
+  return kernel
+
+
 def _init_with_rules(rules, strict):
   model = rt.remat_modules(_Model(), rules, strict=strict)
   return model.init(jax.random.key(0), jnp.ones((2, 4)))
@@ -308,6 +315,20 @@ CASES = [
     Case("models.build_loss", "unknown framework",
          lambda: models.build_loss("tiny", framework="torch"), ValueError,
          (r"'torch'", r"linen")),
+    Case("models.build_loss", "unknown attention core",
+         lambda: models.build_loss("tiny", attention="fast"), ValueError,
+         (r"'fast'", r"'naive', 'dot_product', 'flash'")),
+    Case("models.build_loss", "dropout with the flash kernel",
+         lambda: models.build_loss("tiny", attention="flash", dropout=True),
+         ValueError, (r"'flash'", r"dropout_rate=0\.1",
+                      r"attention='naive'|dropout=False")),
+    # ---- kernels
+    Case("tag_residuals", "a plain function",
+         lambda: rt.tag_residuals(jnp.sin, "attn.context"), TypeError,
+         (r"jax\.custom_vjp", r"pass the custom_vjp kernel itself")),
+    Case("tag_residuals", "an empty name",
+         lambda: rt.tag_residuals(_custom_vjp_kernel(), ""), ValueError,
+         (r"''", r"'attn\.context'")),
 ]
 
 

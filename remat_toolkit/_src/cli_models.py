@@ -2,7 +2,8 @@
 
 ``--model`` names a built-in config (``tiny``, ``gpt2-small``, ...) or
 ``MODULE:FUNCTION``, a function of the user's returning ``(loss_fn, args)``;
-``--batch``, ``--seq``, ``--dtype``, ``--scan`` and ``--group`` shape it.
+``--batch``, ``--seq``, ``--dtype``, ``--scan`` and ``--group`` shape it, and
+``--attention`` chooses a built-in model's attention core.
 
 Example:
   >>> import argparse
@@ -11,6 +12,9 @@ Example:
   >>> cli_models.add_model_options(parser)
   >>> cli_models.model_line(parser.parse_args(["--model", "tiny", "--scan"]))
   'model tiny, scan'
+  >>> cli_models.model_line(parser.parse_args(
+  ...     ["--model", "tiny", "--attention", "flash"]))
+  'model tiny, attention flash'
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ __all__ = ["add_model_options", "load_model", "load_user_model",
            "bench_model", "model_line"]
 
 _DEFAULT_ANALYSIS_MODEL = "gpt2-small"
-_MODEL_OPTIONS = ("batch", "seq", "dtype", "scan", "group")
+_MODEL_OPTIONS = ("batch", "seq", "dtype", "scan", "group", "attention")
+#: Values of ``--attention`` (``models.ATTENTION_KINDS``, spelt out here so
+#: that building the parser does not import the models).
+_ATTENTION_CHOICES = ("naive", "dot_product", "flash")
 
 
 def add_model_options(parser: argparse.ArgumentParser, *,
@@ -52,6 +59,12 @@ def add_model_options(parser: argparse.ArgumentParser, *,
                       help="blocks per remat region, or 'sqrt'")
   parser.add_argument("--framework", choices=("linen", "nnx"), default="linen",
                       help="built-in model implementation (default: linen)")
+  parser.add_argument("--attention", choices=_ATTENTION_CHOICES,
+                      help="attention core of a built-in model: naive (the "
+                           "full seq x seq softmax), dot_product "
+                           "(jax.nn.dot_product_attention) or flash (a "
+                           "blockwise kernel keeping q, k, v, output and "
+                           "log-sum-exp) (default: the config's, naive)")
 
 
 def model_line(args: argparse.Namespace) -> str:
@@ -63,6 +76,8 @@ def model_line(args: argparse.Namespace) -> str:
       parts.append(f"{key} {value}")
   if args.scan is not None:
     parts.append("scan" if args.scan else "unrolled")
+  if getattr(args, "attention", None) is not None:
+    parts.append(f"attention {args.attention}")
   return ", ".join(parts)
 
 
@@ -84,7 +99,7 @@ def load_model(args: argparse.Namespace) -> tuple[Callable[..., Any], tuple]:
   return models.build_loss(args.model, batch=args.batch, seq=args.seq,
                            dtype=args.dtype, scan=args.scan,
                            group=_parse_group(args.group),
-                           framework=args.framework)
+                           framework=args.framework, attention=args.attention)
 
 
 def bench_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -94,7 +109,11 @@ def bench_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
   if ":" in args.model:  # a user's (loss_fn, args); options would not apply
     return load_user_model(args.model), options
   options["group"] = _parse_group(args.group)
-  return args.model, dict(options, framework=args.framework)
+  model: Any = args.model
+  if args.attention is not None:
+    from remat_toolkit import models
+    model = models.get_config(args.model, attention=args.attention)
+  return model, dict(options, framework=args.framework)
 
 
 def _given_model_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
+from typing import NamedTuple
 
 import jax
 from jax._src import ad_checkpoint as _ad_checkpoint
@@ -63,6 +64,7 @@ __all__ = [
     "remat3_sees_into_custom_vjp", "custom_vjp_alignment",
     "ShardingTypeError", "aval_sharding", "pickle_exported", "unpickle_exported",
     "has_trace_key_context", "trace_key", "trace_key_part", "fresh_trace_key",
+    "CustomVJPRules", "custom_vjp_rules",
 ]
 
 # ---------------------------------------------------------------- jaxpr types
@@ -963,3 +965,50 @@ def is_nnx_node_states(x: Any) -> bool:
   """Whether ``x`` is the pytree ``nnx_split_inputs`` puts for a graph node."""
   from flax.nnx import extract
   return isinstance(x, extract.NodeStates)
+
+
+# ---------------------------------------------------------------- custom_vjp
+
+try:  # the class jax.custom_vjp returns under jax_custom_vjp3
+  from jax._src.hijax import custom_vjp3 as _CustomVJP3
+except ImportError:  # pragma: no cover - depends on the JAX release
+  _CustomVJP3 = None
+
+
+class CustomVJPRules(NamedTuple):
+  """What a ``jax.custom_vjp`` function is made of, whichever class made it.
+
+  ``fwd`` and ``bwd`` are None until ``defvjp`` is called; ``unsupported``
+  names a rule kind beyond ``defvjp`` (jax 0.12's ``defremat``,
+  ``defvjp_with_logs``, ...) that a copy made from these parts would lose.
+  """
+
+  fun: Callable[..., Any]
+  fwd: Callable[..., Any] | None
+  bwd: Callable[..., Any] | None
+  nondiff_argnums: tuple[int, ...]
+  symbolic_zeros: bool
+  optimize_remat: bool
+  unsupported: str | None
+
+
+def custom_vjp_rules(fn: Any) -> CustomVJPRules | None:
+  """The parts of ``fn`` if it is a ``jax.custom_vjp`` function, else None.
+
+  ``jax.custom_vjp`` returns one of two classes: its own, or, with
+  ``jax_custom_vjp3`` on, hijax's ``custom_vjp3``, whose fields are spelt
+  differently (``f``, ``static_argnums``, ``symz``, ``opt_remat``).
+  """
+  if isinstance(fn, jax.custom_vjp):
+    return CustomVJPRules(fn.fun, fn.fwd, fn.bwd, tuple(fn.nondiff_argnums),
+                          bool(fn.symbolic_zeros), bool(fn.optimize_remat),
+                          None)
+  if _CustomVJP3 is not None and isinstance(fn, _CustomVJP3):
+    extras = [kind for kind, field in (
+        ("defremat", "remat_rules"), ("defvjp_with_logs", "with_logs"),
+        ("defvjp_with_accums", "with_accums"),
+        ("generic batching", "generic_batching")) if getattr(fn, field, None)]
+    return CustomVJPRules(fn.f, fn.fwd, fn.bwd, tuple(sorted(fn.static_argnums)),
+                          bool(fn.symz), bool(fn.opt_remat),
+                          ", ".join(extras) or None)
+  return None

@@ -144,9 +144,11 @@ def _builtin_workload(model: Any, *, batch: int | None,
   scan = build.get("scan")
   layout = "scanned" if (config.scan_layers if scan is None else scan) else "unrolled"
   framework = build.get("framework") or "linen"
+  attention = ("" if config.attention == "naive"
+               else f", {config.attention} attention")
   description = (f"{config.name} ({framework}, {config.num_layers} layers "
                  f"{layout}, d_model {config.d_model}, seq {config.seq_len}, "
-                 f"{config.dtype})")
+                 f"{config.dtype}{attention})")
   return Workload(loss_fn, params, data, optimizer, description,
                   config.seq_len)
 

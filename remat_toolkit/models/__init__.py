@@ -3,7 +3,9 @@
 :func:`build_loss` is the entry point used by the analyzer, the CLI and the
 benchmarks: it returns a next-token loss and its arguments, abstract
 (``jax.ShapeDtypeStruct``) by default so that even ``llama-7b`` is analysed
-without allocating it.
+without allocating it. Its ``attention=`` chooses the attention core: the
+naive softmax, ``jax.nn.dot_product_attention`` or a blockwise flash kernel
+(:mod:`remat_toolkit.models.flash`).
 
 Example:
   >>> import jax
@@ -24,7 +26,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from remat_toolkit.models import flash
+from remat_toolkit.models.common import check_attention_dropout
 from remat_toolkit.models.common import next_token_loss
+from remat_toolkit.models.configs import ATTENTION_KINDS
 from remat_toolkit.models.configs import CONFIGS
 from remat_toolkit.models.configs import GPTConfig
 from remat_toolkit.models.configs import get_config
@@ -40,6 +45,7 @@ from remat_toolkit.models.gpt_nnx import NNXBlock
 from remat_toolkit.models.gpt_nnx import reseed_dropout
 
 __all__ = [
+    "ATTENTION_KINDS",
     "CONFIGS",
     "GPT",
     "GPTConfig",
@@ -52,6 +58,7 @@ __all__ = [
     "Block",
     "FRAMEWORKS",
     "build_loss",
+    "flash",
     "get_config",
     "list_configs",
     "next_token_loss",
@@ -68,7 +75,8 @@ def build_loss(config: str | GPTConfig, *, batch: int | None = None,
                seq: int | None = None, dtype: str | None = None,
                scan: bool | None = None, group: int | str | None = None,
                remat: bool = True, framework: str = "linen",
-               abstract: bool = True, seed: int = 0, dropout: bool = False
+               abstract: bool = True, seed: int = 0, dropout: bool = False,
+               attention: str | None = None
                ) -> tuple[LossFn, tuple[Any, Any]]:
   """A next-token cross-entropy loss of a built-in model, and its arguments.
 
@@ -88,6 +96,14 @@ def build_loss(config: str | GPTConfig, *, batch: int | None = None,
       carries ``"dropout_key"``, raw ``uint32[2]`` key data from which every
       dropout mask of the step is derived. Otherwise the model is
       deterministic.
+    attention: the attention core (default: the config's, ``"naive"`` in
+      every built-in config): ``"naive"`` (the full ``seq x seq`` softmax,
+      its logits and probabilities tagged), ``"dot_product"``
+      (``jax.nn.dot_product_attention``, XLA's path) or ``"flash"`` (a
+      blockwise ``custom_vjp`` kernel that keeps only q, k, v, the output
+      and the log-sum-exp, the latter two named ``attn.context``). The two
+      kernels have no attention dropout: with ``dropout=True`` they need a
+      config whose ``dropout_rate`` is 0.
 
   Returns:
     ``(loss_fn, (params, batch))`` with ``loss_fn(params, batch)`` a float32
@@ -97,20 +113,30 @@ def build_loss(config: str | GPTConfig, *, batch: int | None = None,
     are pytrees of arrays (or ShapeDtypeStructs).
 
   Raises:
-    ValueError: for an unknown config or framework, or bad overrides.
+    ValueError: for an unknown config, framework or attention core, bad
+      overrides, or dropout with an attention core that has none.
 
   Example:
+    >>> import jax
     >>> from remat_toolkit import models
     >>> loss_fn, (params, batch) = models.build_loss(
     ...     "tiny", framework="nnx", dropout=True)
     >>> sorted(batch), batch["dropout_key"].dtype
     (['dropout_key', 'inputs', 'targets'], dtype('uint32'))
+    >>> loss_fn, args = models.build_loss("tiny", attention="flash")
+    >>> jax.eval_shape(loss_fn, *args).shape
+    ()
   """
   if framework not in FRAMEWORKS:
     raise ValueError(
         f"framework must be one of {list(FRAMEWORKS)}, got {framework!r}.")
+  if attention is not None and attention not in ATTENTION_KINDS:
+    raise ValueError(
+        f"attention must be one of {list(ATTENTION_KINDS)}, got "
+        f"{attention!r}.")
   cfg = _configure(config, batch=batch, seq=seq, dtype=dtype, scan=scan,
-                   group=group, remat=remat)
+                   group=group, remat=remat, attention=attention)
+  check_attention_dropout(cfg, deterministic=not dropout)
   build = _build_linen if framework == "linen" else _build_nnx
   loss_fn, params = build(cfg, abstract=abstract, seed=seed, dropout=dropout)
   return loss_fn, (params, _batch(cfg, abstract=abstract, seed=seed,
@@ -119,7 +145,7 @@ def build_loss(config: str | GPTConfig, *, batch: int | None = None,
 
 def _configure(config: str | GPTConfig, *, batch: int | None, seq: int | None,
                dtype: str | None, scan: bool | None, group: int | str | None,
-               remat: bool) -> GPTConfig:
+               remat: bool, attention: str | None) -> GPTConfig:
   overrides: dict[str, Any] = {"remat": bool(remat)}
   if batch is not None:
     overrides["batch_size"] = batch
@@ -131,6 +157,8 @@ def _configure(config: str | GPTConfig, *, batch: int | None, seq: int | None,
     overrides["scan_layers"] = bool(scan)
   if group is not None:
     overrides["remat_group"] = group
+  if attention is not None:
+    overrides["attention"] = attention
   return get_config(config, **overrides)
 
 

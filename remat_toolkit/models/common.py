@@ -20,9 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from remat_toolkit._src.tags import tag
+from remat_toolkit.models import flash
+from remat_toolkit.models.configs import GPTConfig
 
-__all__ = ["attention_core", "rotary", "next_token_loss", "split_heads",
-           "ffn_activation", "INIT_STDDEV"]
+__all__ = ["attention_core", "attend", "check_attention_dropout", "rotary",
+           "next_token_loss", "split_heads", "ffn_activation", "INIT_STDDEV"]
 
 #: Standard deviation of the normal initialiser of every weight (GPT-2).
 INIT_STDDEV = 0.02
@@ -78,6 +80,60 @@ def attention_core(q: jax.Array, k: jax.Array, v: jax.Array, *,
   probs = tag(dropout(probs), "attn.probs")
   context = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
   return tag(context.reshape(batch, seq, heads * head_dim), "attn.context")
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, config: GPTConfig, *,
+           dropout: Callable[[jax.Array], jax.Array]) -> jax.Array:
+  """Causal attention with the core ``config.attention`` names.
+
+  ``naive`` is :func:`attention_core`. ``dot_product`` is
+  ``jax.nn.dot_product_attention`` (XLA's path; its internals carry no
+  names), its output tagged ``attn.context``. ``flash`` is the blockwise
+  kernel of :mod:`remat_toolkit.models.flash` with its computed residuals
+  (the output and the log-sum-exp) named ``attn.context`` inside its forward
+  rule, so a policy that keeps the context keeps them and the kernel does not
+  run again in the backward pass; its output already carries the name.
+
+  Args:
+    q: queries ``[batch, seq, heads, head_dim]``.
+    k: keys, same shape.
+    v: values, same shape.
+    config: says the core and the flash kernel's block size.
+    dropout: applied to the probabilities; only the naive core has them
+      (see :func:`check_attention_dropout`).
+
+  Returns:
+    The context ``[batch, seq, heads * head_dim]`` in ``q.dtype``.
+  """
+  if config.attention == "naive":
+    return attention_core(q, k, v, dropout=dropout)
+  if config.attention == "dot_product":
+    context = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return tag(_merge_heads(context), "attn.context")
+  context = flash.flash_attention(q, k, v, block_size=config.flash_block_size,
+                                  residual_name="attn.context")
+  return _merge_heads(context)
+
+
+def check_attention_dropout(config: GPTConfig, deterministic: bool) -> None:
+  """Refuses attention dropout with a core that has no probabilities to drop.
+
+  Raises:
+    ValueError: dropout is on (``deterministic=False`` and a non-zero
+      ``dropout_rate``) and ``config.attention`` is not ``"naive"``.
+  """
+  if config.attention != "naive" and not deterministic and config.dropout_rate:
+    raise ValueError(
+        f"attention={config.attention!r} has no attention dropout (the kernel "
+        f"never forms the probabilities), but dropout is on with dropout_rate="
+        f"{config.dropout_rate}; use attention='naive', or turn dropout off "
+        "(dropout=False, or dropout_rate=0.0).")
+
+
+def _merge_heads(x: jax.Array) -> jax.Array:
+  """``[batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]``."""
+  batch, seq, heads, head_dim = x.shape
+  return x.reshape(batch, seq, heads * head_dim)
 
 
 def ffn_activation(up: jax.Array, gate: jax.Array | None) -> jax.Array:

@@ -23,7 +23,7 @@ from typing import Any
 import jax.numpy as jnp
 
 __all__ = ["GPTConfig", "CONFIGS", "get_config", "list_configs", "FFN_KINDS",
-           "POSITION_KINDS", "NORM_KINDS"]
+           "POSITION_KINDS", "NORM_KINDS", "ATTENTION_KINDS"]
 
 #: Feed-forward variants: ``gelu`` (up, GELU, down) or ``swiglu``
 #: (``silu(gate) * up``, down).
@@ -32,6 +32,12 @@ FFN_KINDS: tuple[str, ...] = ("gelu", "swiglu")
 POSITION_KINDS: tuple[str, ...] = ("learned", "rope")
 #: Normalisation layers: ``layernorm`` (scale and bias) or ``rmsnorm``.
 NORM_KINDS: tuple[str, ...] = ("layernorm", "rmsnorm")
+#: Attention cores: ``naive`` (softmax of the full ``seq x seq`` logits,
+#: tagged ``attn.scores`` / ``attn.probs`` / ``attn.context``),
+#: ``dot_product`` (``jax.nn.dot_product_attention``, its XLA path) or
+#: ``flash`` (a blockwise ``custom_vjp`` kernel keeping q, k, v, the output and
+#: the log-sum-exp, see :mod:`remat_toolkit.models.flash`).
+ATTENTION_KINDS: tuple[str, ...] = ("naive", "dot_product", "flash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +75,10 @@ class GPTConfig:
       parameter stack per run (``layers/run_0``, ...; see
       :func:`remat_toolkit.scan_layers` and :func:`remat_toolkit.restack`).
     norm_eps: epsilon of the normalisation layers.
+    attention: the attention core, one of :data:`ATTENTION_KINDS`; dropout
+      on the attention probabilities needs ``"naive"``.
+    flash_block_size: keys per block of the ``"flash"`` core (capped at
+      the sequence length).
   """
 
   name: str = "custom"
@@ -92,10 +102,12 @@ class GPTConfig:
   remat_group: int | str = 1
   remat_policy: str | None = None
   norm_eps: float = 1e-5
+  attention: str = "naive"
+  flash_block_size: int = 128
 
   def __post_init__(self):
     for field in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff",
-                  "seq_len", "batch_size"):
+                  "seq_len", "batch_size", "flash_block_size"):
       value = getattr(self, field)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
@@ -111,6 +123,7 @@ class GPTConfig:
     _check_choice("ffn", self.ffn, FFN_KINDS)
     _check_choice("positions", self.positions, POSITION_KINDS)
     _check_choice("norm", self.norm, NORM_KINDS)
+    _check_choice("attention", self.attention, ATTENTION_KINDS)
     if not 0.0 <= self.dropout_rate < 1.0:
       raise ValueError(
           f"GPTConfig.dropout_rate must be in [0, 1), got "

@@ -49,7 +49,11 @@ def make_norm(config: GPTConfig, name: str) -> nn.Module:
 
 
 class Attention(nn.Module):
-  """Causal multi-head self-attention with separate q/k/v projections."""
+  """Causal multi-head self-attention with separate q/k/v projections.
+
+  The core between the projections is ``config.attention`` (naive,
+  ``dot_product`` or ``flash``; see :func:`remat_toolkit.models.common.attend`).
+  """
 
   config: GPTConfig
 
@@ -62,9 +66,10 @@ class Attention(nn.Module):
     v = tag(heads(_dense(cfg, cfg.d_model, "value")(x)), "attn.v")
     if cfg.positions == "rope":
       q, k = common.rotary(q), common.rotary(k)
+    common.check_attention_dropout(cfg, deterministic)
     dropout = nn.Dropout(cfg.dropout_rate)
-    context = common.attention_core(
-        q, k, v, dropout=lambda p: dropout(p, deterministic=deterministic))
+    context = common.attend(
+        q, k, v, cfg, dropout=lambda p: dropout(p, deterministic=deterministic))
     return tag(_dense(cfg, cfg.d_model, "out")(context), "attn.out")
 
 

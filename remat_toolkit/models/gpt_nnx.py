@@ -52,7 +52,11 @@ def _norm(config: GPTConfig, rngs: nnx.Rngs) -> nnx.Module:
 
 
 class NNXAttention(nnx.Module):
-  """Causal multi-head self-attention with separate q/k/v projections."""
+  """Causal multi-head self-attention with separate q/k/v projections.
+
+  The core between the projections is ``config.attention`` (naive,
+  ``dot_product`` or ``flash``; see :func:`remat_toolkit.models.common.attend`).
+  """
 
   def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -71,8 +75,9 @@ class NNXAttention(nnx.Module):
     v = tag(heads(self.value(x)), "attn.v")
     if cfg.positions == "rope":
       q, k = common.rotary(q), common.rotary(k)
-    context = common.attention_core(
-        q, k, v,
+    common.check_attention_dropout(cfg, deterministic)
+    context = common.attend(
+        q, k, v, cfg,
         dropout=lambda p: self.dropout(p, deterministic=deterministic))
     return tag(self.out(context), "attn.out")
 
