@@ -240,12 +240,8 @@ def test_every_policy_that_keeps_the_context_keeps_the_kernel_statistics():
       assert len(_context_residuals(fn, args, policy)) == 4, policy
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the analyzer looks for a policy's names in the primal jaxpr, where a "
-    "custom_vjp's forward rule (which holds the kernel's names) is not "
-    "traced: it warns that praxis-save-context keeps only the region inputs "
-    "while JAX keeps the flash kernel's output and log-sum-exp"))
 def test_a_policy_naming_only_the_context_is_not_reported_as_keeping_nothing():
+  # The names a custom_vjp's forward rule holds count as the region's names.
   with compat.remat3(False), warnings.catch_warnings():
     warnings.simplefilter("ignore")
     fn, args = models.build_loss("tiny", attention="flash")

@@ -39,7 +39,7 @@ EXPECTED = {
         "remat_modules chose FlaxGPT2Block (2 regions", "policy save-attention",
         "boundary-only", "save-ffn", "4 remat regions"],
     "how-to/apply/models-that-remat-themselves.md": ["4 remat regions", "save-ffn"],
-    "how-to/attention-kernels.md": ["[('kernel', 1.0, 4096)]", "'attn.context'", "}, ()"],
+    "how-to/attention-kernels.md": ["[('kernel', 1.0, 4096)]", "'attn.context'", "} ()"],
 }
 
 # A docs example may be left out only for hardware a CI machine does not have.

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from remat_toolkit.models import flash
+from remat_toolkit.models import flash as flash  # the kernel module, public
 from remat_toolkit.models.common import check_attention_dropout
 from remat_toolkit.models.common import next_token_loss
 from remat_toolkit.models.configs import ATTENTION_KINDS
@@ -34,6 +34,8 @@ from remat_toolkit.models.configs import CONFIGS
 from remat_toolkit.models.configs import GPTConfig
 from remat_toolkit.models.configs import get_config
 from remat_toolkit.models.configs import list_configs
+from remat_toolkit.models.flash import flash_attention
+from remat_toolkit.models.flash import make_flash_kernel
 from remat_toolkit.models.gpt_linen import GPT
 from remat_toolkit.models.gpt_linen import MLP
 from remat_toolkit.models.gpt_linen import Attention
@@ -58,9 +60,10 @@ __all__ = [
     "Block",
     "FRAMEWORKS",
     "build_loss",
-    "flash",
+    "flash_attention",
     "get_config",
     "list_configs",
+    "make_flash_kernel",
     "next_token_loss",
     "reseed_dropout",
 ]

@@ -38,6 +38,10 @@ NORM_KINDS: tuple[str, ...] = ("layernorm", "rmsnorm")
 #: ``flash`` (a blockwise ``custom_vjp`` kernel keeping q, k, v, the output and
 #: the log-sum-exp, see :mod:`remat_toolkit.models.flash`).
 ATTENTION_KINDS: tuple[str, ...] = ("naive", "dot_product", "flash")
+"""Values of ``GPTConfig.attention`` and ``build_loss(attention=...)``: the
+full softmax core (``naive``), ``jax.nn.dot_product_attention``
+(``dot_product``) and the blockwise kernel of :mod:`remat_toolkit.models.flash`
+(``flash``)."""
 
 
 @dataclasses.dataclass(frozen=True)
