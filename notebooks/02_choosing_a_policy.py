@@ -140,3 +140,34 @@ choice_report = comparison.reports[choice.policy]
 print("where it keeps them (GiB by module):")
 for module, nbytes in choice_report.by_module(depth=1).items():
   print(f"  {module:12s} {nbytes / 2**30:.3f}")
+
+# %% [markdown]
+# ## Attention kernels flip the ranking
+#
+# Which sub-block to recompute depends on the attention kernel. The naive core
+# keeps the seq x seq logits and probabilities of every head: keeping all of
+# attention costs four times what keeping all of the FFN does. A memory-efficient
+# kernel keeps only q, k, v, its output and a log-sum-exp per query, so the FFN
+# becomes the larger of the two, and recomputing the FFN frees more memory than
+# recomputing attention. The built-in models take `attention="naive"`,
+# `"dot_product"` (`jax.nn.dot_product_attention`) or `"flash"` (a blockwise
+# `custom_vjp` kernel); the cell below measures, per layer, what keeping every
+# tensor the model tags in each sub-block adds to `boundary-only`.
+# `benchmarks/attention_cores.py` prints the full comparison, the named
+# policies and where the ranking flips as the sequence grows (docs: Attention
+# kernels).
+
+# %%
+keep_all = {"attention": rt.Policy(name="keep-all-attention", save=["attn.*"]),
+            "FFN": rt.Policy(name="keep-all-ffn", save=["ffn.*"])}
+for core in ("naive", "flash"):
+  fn, core_args = models.build_loss(models.get_config("gpt2-small", attention=core))
+  kept = rt.compare(fn, *core_args,
+                    policies=["boundary-only", *keep_all.values()]).reports
+  floor = kept["boundary-only"].activation_bytes
+  per_layer = {part: (kept[p.name].activation_bytes - floor) / config.num_layers
+               for part, p in keep_all.items()}
+  larger = max(per_layer, key=per_layer.get)
+  print(f"{core:6s} keep all of attention {per_layer['attention'] / 2**20:6.1f} MiB, "
+        f"all of the FFN {per_layer['FFN'] / 2**20:6.1f} MiB per layer: "
+        f"recompute the {larger} to free the most")
