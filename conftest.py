@@ -6,7 +6,7 @@ that registers a policy gets the catalogue back as it found it.
 
 import pytest
 
-from remat_toolkit._src import catalog
+from remat_toolkit._src.policies import catalog
 
 
 @pytest.fixture(autouse=True)

@@ -30,7 +30,7 @@ _CHILD = r"""
 import json, sys, time
 import jax
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
+from remat_toolkit._src.core import compat
 from remat_toolkit import models
 config, scan, side = sys.argv[1], sys.argv[2] == "scan", sys.argv[3]
 fn, args = models.build_loss(config, scan=scan)

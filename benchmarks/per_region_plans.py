@@ -38,11 +38,11 @@ import _machine
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.format import format_bytes
-from remat_toolkit._src.format import text_table
-from remat_toolkit._src.pareto import pareto_flags
-from remat_toolkit._src.plan_result import FIELD_PREFIXES
-from remat_toolkit._src.planner import Planner
+from remat_toolkit._src.core.format import format_bytes
+from remat_toolkit._src.core.format import text_table
+from remat_toolkit._src.core.pareto import pareto_flags
+from remat_toolkit._src.planning.planner import Planner
+from remat_toolkit._src.results.planning import FIELD_PREFIXES
 
 _CHILD = r"""
 import json, sys, time, warnings

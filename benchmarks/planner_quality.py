@@ -2,7 +2,7 @@
 
 For each built-in model (abstract shapes, nothing allocated) and 10 activation
 budgets spread evenly from ``boundary-only`` to ``save-everything``, it plans
-with :class:`remat_toolkit._src.planner.Planner` and compares the plan's recompute
+with :class:`remat_toolkit._src.planning.planner.Planner` and compares the plan's recompute
 FLOPs with
 
 * the best named (catalogue) policy that fits the same budget, and
@@ -38,10 +38,10 @@ import _machine
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.format import format_bytes
-from remat_toolkit._src.format import text_table
-from remat_toolkit._src.planner import DEFAULT_MAX_EVALUATIONS
-from remat_toolkit._src.planner import Planner
+from remat_toolkit._src.core.format import format_bytes
+from remat_toolkit._src.core.format import text_table
+from remat_toolkit._src.planning.planner import DEFAULT_MAX_EVALUATIONS
+from remat_toolkit._src.planning.planner import Planner
 
 DEFAULT_MODELS = "tiny,tiny-swiglu,gpt2-small,gpt2-xl,llama-7b,seed-example"
 WHOLE = ({"save_everything": True}, {"matmuls": "all"}, {"matmuls": "no-batch"})

@@ -24,7 +24,7 @@ from remat_toolkit import models  # noqa: E402
 
 def _markdown(comparison) -> str:
   """The catalogue as a markdown table, with the measured columns."""
-  from remat_toolkit._src.format import format_bytes
+  from remat_toolkit._src.core.format import format_bytes
   lines = ["| policy | keeps on device | offloads to host | aliases "
            "| activations | offloaded | recompute |",
            "|---|---|---|---|---:|---:|---:|"]

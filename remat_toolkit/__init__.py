@@ -11,32 +11,32 @@ Example:
   'none'
 """
 
-from remat_toolkit._src.analysis import analyze
-from remat_toolkit._src.analysis import compare
-from remat_toolkit._src.batch_search import largest_batch
-from remat_toolkit._src.bench import bench
-from remat_toolkit._src.breakdown import memory_breakdown
-from remat_toolkit._src.catalog import get_policy
-from remat_toolkit._src.catalog import list_policies
-from remat_toolkit._src.catalog import load_policies
-from remat_toolkit._src.catalog import register_policy
-from remat_toolkit._src.frontier import frontier
-from remat_toolkit._src.grouping import nnx_scan_layers
-from remat_toolkit._src.grouping import remat_chain
-from remat_toolkit._src.grouping import scan_layers
-from remat_toolkit._src.kernels import tag_residuals
-from remat_toolkit._src.nnx_paths import name_nnx_modules
-from remat_toolkit._src.planner import plan
-from remat_toolkit._src.policy import Policy
-from remat_toolkit._src.repolicy import repolicy
-from remat_toolkit._src.resolve import current_policy
-from remat_toolkit._src.resolve import use_policy
-from remat_toolkit._src.rules import remat_modules
-from remat_toolkit._src.rules import remat_summary
-from remat_toolkit._src.scan_runs import restack
-from remat_toolkit._src.tags import tag
-from remat_toolkit._src.transform import remat
-from remat_toolkit._src.verify import verify
+from remat_toolkit._src.analysis.analyze import analyze
+from remat_toolkit._src.analysis.analyze import compare
+from remat_toolkit._src.analysis.breakdown import memory_breakdown
+from remat_toolkit._src.analysis.verify import verify
+from remat_toolkit._src.bench.batch_search import largest_batch
+from remat_toolkit._src.bench.measure import bench
+from remat_toolkit._src.planning.frontier import frontier
+from remat_toolkit._src.planning.planner import plan
+from remat_toolkit._src.policies.catalog import get_policy
+from remat_toolkit._src.policies.catalog import list_policies
+from remat_toolkit._src.policies.catalog import load_policies
+from remat_toolkit._src.policies.catalog import register_policy
+from remat_toolkit._src.policies.kernels import tag_residuals
+from remat_toolkit._src.policies.policy import Policy
+from remat_toolkit._src.policies.resolve import current_policy
+from remat_toolkit._src.policies.resolve import use_policy
+from remat_toolkit._src.policies.tags import tag
+from remat_toolkit._src.transform.grouping import nnx_scan_layers
+from remat_toolkit._src.transform.grouping import remat_chain
+from remat_toolkit._src.transform.grouping import scan_layers
+from remat_toolkit._src.transform.nnx_paths import name_nnx_modules
+from remat_toolkit._src.transform.remat import remat
+from remat_toolkit._src.transform.repolicy import repolicy
+from remat_toolkit._src.transform.rules import remat_modules
+from remat_toolkit._src.transform.rules import remat_summary
+from remat_toolkit._src.transform.scan_runs import restack
 
 __version__ = "0.1.0"
 
@@ -72,5 +72,7 @@ __all__ = [
     "largest_batch",
 ]
 
+# The renderers of every result, registered on import (results never import them).
 from remat_toolkit import names as names  # noqa: E402  (public modules, loaded last)
 from remat_toolkit import results as results  # noqa: E402
+from remat_toolkit._src import display as _display  # noqa: E402, F401

@@ -2,7 +2,7 @@
 
 import sys
 
-from remat_toolkit._src.cli import main
+from remat_toolkit._src.cli.main import main
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -6,7 +6,7 @@ Example:
   True
 """
 
-from remat_toolkit._src.tags import MAXTEXT_NAMES
-from remat_toolkit._src.tags import VOCABULARY
+from remat_toolkit._src.policies.tags import MAXTEXT_NAMES
+from remat_toolkit._src.policies.tags import VOCABULARY
 
 __all__ = ["VOCABULARY", "MAXTEXT_NAMES"]

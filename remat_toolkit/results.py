@@ -14,22 +14,22 @@ Example:
   True
 """
 
-from remat_toolkit._src.batch_search import BatchFit
-from remat_toolkit._src.batch_search import BatchSearch
-from remat_toolkit._src.bench import BenchRecord
-from remat_toolkit._src.bench import BenchResult
-from remat_toolkit._src.breakdown import Breakdown
-from remat_toolkit._src.discovery import RematSummary
-from remat_toolkit._src.frontier import Frontier
-from remat_toolkit._src.frontier import FrontierPoint
-from remat_toolkit._src.plan_result import Plan
-from remat_toolkit._src.plan_result import RegionPlan
-from remat_toolkit._src.policy import Lowering
-from remat_toolkit._src.report import Comparison
-from remat_toolkit._src.report import RecomputedKernel
-from remat_toolkit._src.report import Residual
-from remat_toolkit._src.report import ResidualReport
-from remat_toolkit._src.verify import Verification
+from remat_toolkit._src.analysis.breakdown import Breakdown
+from remat_toolkit._src.analysis.verify import Verification
+from remat_toolkit._src.bench.batch_search import BatchFit
+from remat_toolkit._src.bench.batch_search import BatchSearch
+from remat_toolkit._src.bench.measure import BenchRecord
+from remat_toolkit._src.bench.measure import BenchResult
+from remat_toolkit._src.planning.frontier import Frontier
+from remat_toolkit._src.planning.frontier import FrontierPoint
+from remat_toolkit._src.policies.policy import Lowering
+from remat_toolkit._src.results.analysis import Comparison
+from remat_toolkit._src.results.analysis import RecomputedKernel
+from remat_toolkit._src.results.analysis import Residual
+from remat_toolkit._src.results.analysis import ResidualReport
+from remat_toolkit._src.results.planning import Plan
+from remat_toolkit._src.results.planning import RegionPlan
+from remat_toolkit._src.transform.discovery import RematSummary
 
 __all__ = [
     "Residual", "RecomputedKernel", "ResidualReport", "Comparison", "Breakdown", "Plan",

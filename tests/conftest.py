@@ -12,7 +12,7 @@ models rely on.
 import jax
 import pytest
 
-from remat_toolkit._src import compat as compat
+from remat_toolkit._src.core import compat
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

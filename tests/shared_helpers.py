@@ -18,10 +18,10 @@ import numpy as np
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import lowering
-from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src.policy import unrunnable_reason
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.policies import lowering
+from remat_toolkit._src.policies.policy import unrunnable_reason
 
 #: The running JAX's minor release ("0.10", "0.11", "0.12"): pins of JAX bugs
 #: and behaviours that no feature probe covers are stated per release.

@@ -10,7 +10,7 @@ from shared_helpers import jax_accounting
 from shared_helpers import runnable_policies
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
+from remat_toolkit._src.core import compat
 
 S = jax.ShapeDtypeStruct
 D, H, B, L = 16, 64, 8, 3

@@ -12,11 +12,11 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import cli
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src import trace
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.analysis import trace
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
 
 MIB = 2**20
 

@@ -24,8 +24,8 @@ import pytest
 from jax import lax
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat
-from remat_toolkit._src.format import format_bytes
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core.format import format_bytes
 from tests.shared_helpers import jax_activation_bytes
 
 pytestmark = pytest.mark.usefixtures("quick_compiles")

@@ -28,8 +28,8 @@ from shared_helpers import residuals
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import cli
-from remat_toolkit._src import compat as compat
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.core import compat
 from remat_toolkit.models import common
 from remat_toolkit.models import flash
 

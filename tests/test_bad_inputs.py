@@ -26,8 +26,8 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import catalog
-from remat_toolkit._src import cli
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.policies import catalog
 
 S = jax.ShapeDtypeStruct
 W = S((4, 4), jnp.float32)
@@ -333,7 +333,7 @@ CASES = [
 
 
 def _under_remat3(call):
-  from remat_toolkit._src import compat as compat
+  from remat_toolkit._src.core import compat
   if compat.remat3_offloads():
     pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
   with compat.remat3(True):

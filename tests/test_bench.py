@@ -16,14 +16,14 @@ import optax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import cli
-from remat_toolkit._src import compat
-from remat_toolkit._src import inputs
-from remat_toolkit._src import train_step
-from remat_toolkit._src.batch_search import search_largest
-from remat_toolkit._src.batch_search import step_memory
-from remat_toolkit._src.progress import Deadline
-from remat_toolkit._src.train_step import make_train_step
+from remat_toolkit._src.bench import train_step
+from remat_toolkit._src.bench.batch_search import search_largest
+from remat_toolkit._src.bench.batch_search import step_memory
+from remat_toolkit._src.bench.train_step import make_train_step
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import inputs
+from remat_toolkit._src.core.progress import Deadline
 
 LAYERS, WIDTH = 4, 16
 RECORD_FIELDS = {"policy", "step_time_s", "tokens_per_s", "peak_bytes",

@@ -9,9 +9,9 @@ import pytest
 from shared_helpers import ambient_region
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import lowering
-from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.policies import lowering
 
 S = jax.ShapeDtypeStruct
 D, H = 16, 64
@@ -138,7 +138,7 @@ def test_display_and_json():
 
 def test_cli_breakdown_prints_the_table_and_json(capsys):
   from remat_toolkit import models
-  from remat_toolkit._src import cli
+  from remat_toolkit._src.cli import main as cli
   assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamw"]) == 0
   text = capsys.readouterr().out
   assert text.startswith("model tiny")
@@ -153,6 +153,6 @@ def test_cli_breakdown_prints_the_table_and_json(capsys):
 
 
 def test_cli_breakdown_rejects_unknown_optimizer(capsys):
-  from remat_toolkit._src import cli
+  from remat_toolkit._src.cli import main as cli
   assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamx"]) == 2
   assert "adamx" in capsys.readouterr().err

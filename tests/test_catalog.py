@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import catalog
+from remat_toolkit._src.policies import catalog
 
 
 def _lookups():

@@ -13,10 +13,10 @@ import jax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import catalog
-from remat_toolkit._src import cli
-from remat_toolkit._src import cli_shared
-from remat_toolkit._src import compat as compat
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.cli import shared as cli_shared
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.policies import catalog
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 The package detects what a release can do (``_compat``); this file states,
 for each supported release, what that detection must find and what JAX then
 does. When a JAX release changes one of these facts, this file fails first
-and ``remat_toolkit/_src/compat.py`` is the one module to adapt.
+and ``remat_toolkit/_src/core/compat.py`` is the one module to adapt.
 """
 
 import re
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import lowering
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.policies import lowering
 
 cp = jax.checkpoint_policies
 
@@ -379,7 +379,7 @@ def test_module_path_drops_transform_scopes(remat_mode):
 
 
 # ------------------------------------------------------------ sharding
-# What remat_toolkit._src.sharding relies on for meshes larger than this
+# What remat_toolkit._src.analysis.sharding relies on for meshes larger than this
 # machine (jax.sharding.AbstractMesh).
 
 
@@ -508,7 +508,7 @@ def test_only_the_compat_layer_touches_jax_and_flax_internals():
   package = pathlib.Path(compat.__file__).parent.parent
   offenders = []
   for path in sorted(package.rglob("*.py")):
-    if path.relative_to(package).as_posix() == "_src/compat.py":
+    if path.relative_to(package).as_posix() == "_src/core/compat.py":
       continue
     for number, line in enumerate(path.read_text().splitlines(), 1):
       code = line.split("#")[0]

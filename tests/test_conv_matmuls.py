@@ -17,7 +17,7 @@ import pytest
 from jax import lax
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat
+from remat_toolkit._src.core import compat
 from tests.shared_helpers import jax_accounting
 from tests.shared_helpers import residuals
 

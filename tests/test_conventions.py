@@ -19,7 +19,7 @@ from shared_helpers import named  # noqa: E402
 from shared_helpers import residuals  # noqa: E402
 
 import remat_toolkit as rt
-from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src.core import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 D = 8

@@ -22,9 +22,9 @@ from shared_helpers import residuals
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import discovery
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src.inputs import random_tree
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.core.inputs import random_tree
+from remat_toolkit._src.transform import discovery
 from remat_toolkit.results import RematSummary
 
 POLICIES = ("save-attention", "save-ffn")

@@ -20,7 +20,7 @@ import remat_toolkit as rt
 from remat_toolkit import models
 from remat_toolkit import names
 from remat_toolkit import results
-from remat_toolkit._src import compat
+from remat_toolkit._src.core import compat
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 API = DOCS / "api"

@@ -20,10 +20,10 @@ from flax import nnx
 from shared_helpers import assert_trees_close
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src.grouping import group_size
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.transform.grouping import group_size
 
 CP = jax.checkpoint_policies
 WIDTH = 8

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from remat_toolkit._src import knapsack
-from remat_toolkit._src.knapsack import Option
+from remat_toolkit._src.planning import knapsack
+from remat_toolkit._src.planning.knapsack import Option
 
 
 def _random_groups(rng, count, options, host):

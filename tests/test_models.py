@@ -13,8 +13,8 @@ from shared_helpers import assert_trees_close
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
 
 BLOCK_TAGS = frozenset(rt.names.VOCABULARY) - {"attn.qkv"}
 

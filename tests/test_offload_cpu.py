@@ -13,11 +13,11 @@ import pytest
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import inputs
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src import verify as verify_module
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.analysis import verify as verify_module
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import inputs
+from remat_toolkit._src.core import jaxpr as _jaxpr
 
 #: Each offloading policy and the policy that keeps the same tensors on device.
 SAVING_TWIN = {

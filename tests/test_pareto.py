@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat
-from remat_toolkit._src.pareto import dominates
-from remat_toolkit._src.pareto import pareto_flags
-from remat_toolkit._src.pareto import undominated
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core.pareto import dominates
+from remat_toolkit._src.core.pareto import pareto_flags
+from remat_toolkit._src.core.pareto import undominated
 
 S = jax.ShapeDtypeStruct
 

@@ -26,9 +26,9 @@ from jax.sharding import PartitionSpec as P
 from shared_helpers import run_on_simulated_devices
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat
-from remat_toolkit._src import sharding
-from remat_toolkit._src.planner import Planner
+from remat_toolkit._src.analysis import sharding
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.planning.planner import Planner
 
 MIB = 2**20
 GIB = 2**30

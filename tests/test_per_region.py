@@ -21,11 +21,11 @@ from shared_helpers import jax_activation_bytes
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import catalog
-from remat_toolkit._src import cli
-from remat_toolkit._src import compat
-from remat_toolkit._src.planner import Planner
-from remat_toolkit._src.trace import TracedProgram
+from remat_toolkit._src.analysis.trace import TracedProgram
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.planning.planner import Planner
+from remat_toolkit._src.policies import catalog
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32

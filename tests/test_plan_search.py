@@ -12,13 +12,13 @@ import random
 
 import pytest
 
-from remat_toolkit._src import plan_search
-from remat_toolkit._src.plan_search import AdditiveModel
-from remat_toolkit._src.plan_search import Choice
-from remat_toolkit._src.plan_search import Limits
-from remat_toolkit._src.plan_search import Outcome
-from remat_toolkit._src.plan_search import Search
-from remat_toolkit._src.plan_search import drop_useless
+from remat_toolkit._src.planning import search as plan_search
+from remat_toolkit._src.planning.search import AdditiveModel
+from remat_toolkit._src.planning.search import Choice
+from remat_toolkit._src.planning.search import Limits
+from remat_toolkit._src.planning.search import Outcome
+from remat_toolkit._src.planning.search import Search
+from remat_toolkit._src.planning.search import drop_useless
 
 
 def test_the_search_module_imports_no_jax():

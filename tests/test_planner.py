@@ -16,12 +16,12 @@ import pytest
 from shared_helpers import ambient_region
 
 import remat_toolkit as rt
-from remat_toolkit._src import catalog
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import lowering
-from remat_toolkit._src import planner
-from remat_toolkit._src import residuals as _residuals
-from remat_toolkit._src.trace import TracedProgram
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.analysis.trace import TracedProgram
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.planning import planner
+from remat_toolkit._src.policies import catalog
+from remat_toolkit._src.policies import lowering
 
 S = jax.ShapeDtypeStruct
 B, D, H, K, L = 4, 8, 16, 4, 2
@@ -470,7 +470,7 @@ def test_frontier_plot_and_given_policies():
 
 def test_cli_plan_json_save_and_errors(tmp_path, capsys, fresh_catalogue):
   from remat_toolkit import models
-  from remat_toolkit._src import cli
+  from remat_toolkit._src.cli import main as cli
   path = tmp_path / "p.toml"
   assert cli.main(["plan", "--model", "tiny", "--budget", "60KiB", "--json",
                    "--max-evaluations", "8", "--save", str(path)]) == 0
@@ -491,7 +491,7 @@ def test_cli_plan_json_save_and_errors(tmp_path, capsys, fresh_catalogue):
 
 
 def test_cli_plan_text_and_group_sizes(capsys):
-  from remat_toolkit._src import cli
+  from remat_toolkit._src.cli import main as cli
   assert cli.main(["plan", "--model", "tiny", "--budget", "400KiB",
                    "--max-evaluations", "4", "--group-sizes", "1,2"]) == 0
   text = capsys.readouterr().out

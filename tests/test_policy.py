@@ -9,10 +9,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import remat_toolkit as rt
-from remat_toolkit._src import catalog
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src.policy import MATMUL_MODES
-from remat_toolkit._src.policy import Lowering
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.policies import catalog
+from remat_toolkit._src.policies.policy import MATMUL_MODES
+from remat_toolkit._src.policies.policy import Lowering
 
 cp = jax.checkpoint_policies
 

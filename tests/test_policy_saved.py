@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import catalog
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.policies import catalog
 
 cp = jax.checkpoint_policies
 

@@ -4,8 +4,8 @@ import jax
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import catalog
-from remat_toolkit._src import policy_toml
+from remat_toolkit._src.policies import catalog
+from remat_toolkit._src.policies import policy_toml
 
 POLICIES = [
     rt.Policy(name="plain"),

@@ -31,10 +31,10 @@ from shared_helpers import runnable_policies
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import verify as verify_module
-from remat_toolkit._src.inputs import random_tree
-from remat_toolkit._src.trace import TracedProgram
+from remat_toolkit._src.analysis import verify as verify_module
+from remat_toolkit._src.analysis.trace import TracedProgram
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core.inputs import random_tree
 from remat_toolkit.names import VOCABULARY
 
 # Each test draws or fixes the remat mode itself, so the JAX_REMAT3=1 pass skips them.

@@ -46,12 +46,21 @@ def test_result_classes_are_importable_from_remat_toolkit_results():
     assert cls.__name__ == name
 
 
-def test_results_render_through_the_one_display_module():
-  from remat_toolkit._src import display
-  for name in ("ResidualReport", "Comparison", "Breakdown", "Plan", "Frontier",
-               "Verification", "BenchResult", "BatchSearch", "RematSummary"):
-    cls = getattr(results, name)
-    assert cls in display.to_text.registry, f"{name} has no text renderer"
+RESULTS = ("ResidualReport", "Comparison", "Breakdown", "Plan", "Frontier",
+           "Verification", "BenchResult", "BatchSearch", "RematSummary")
+
+
+@pytest.mark.parametrize("name", RESULTS)
+def test_every_result_is_data_with_one_protocol_and_its_renderers(name):
+  """Results are data: each says what it holds (to_dict, hence to_json) and
+  renders through the one rendering entry, which the display fills."""
+  from remat_toolkit._src.results import base
+  cls = getattr(results, name)
+  assert issubclass(cls, base.Result)
+  assert cls.to_dict is not base.Result.to_dict, f"{name} has no to_dict"
+  assert cls.to_json is base.Result.to_json, f"{name} writes JSON its own way"
+  for rendering in (base.to_text, base.to_html):
+    assert cls in rendering.registry, f"{name} has no {rendering.__name__}"
 
 
 @pytest.mark.parametrize("name", ["Plan", "ResidualReport", "Verification",

@@ -17,9 +17,9 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 OFFLOAD_BOUNDARIES = cp.save_and_offload_only_these_names(

@@ -16,9 +16,8 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import lowering
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.policies import findings
 
 cp = jax.checkpoint_policies
 D, HEADS = 8, 2
@@ -126,7 +125,7 @@ def test_linen_same_variables_and_outputs():
 
 
 def test_linen_policies(remat_mode, monkeypatch):
-  lowering.reset_unmatched_warnings()
+  findings.forget_trace_warnings()
   plain = grad_of(linen_loss(Model()), VARIABLES)
   for policy in POLICIES:
     model = rt.remat_modules(Model(), {"Block_*": policy})
@@ -137,7 +136,7 @@ def test_linen_policies(remat_mode, monkeypatch):
       ours = residuals(loss, VARIABLES)
     assert ours == residuals(linen_reference_loss(HAND_WRITTEN[policy]),
                              VARIABLES), policy
-    unmatched = [w for w in caught if "none of them is present" in str(
+    unmatched = [w for w in caught if "keeps none of its names" in str(
         w.message)]
     assert bool(unmatched) == (policy == "recompute-attention-core"), policy
   # The module-name patterns of the built-ins matched the generated tags.
@@ -181,7 +180,7 @@ def test_linen_ambient_policy():
 
 
 def test_linen_without_tag_outputs_warns(monkeypatch):
-  lowering.reset_unmatched_warnings()
+  findings.forget_trace_warnings()
   model = rt.remat_modules(Model(), {"Block": "save-attention"},
                            tag_outputs=False)
   with pytest.warns(UserWarning, match="save-attention.*no checkpoint names"):
@@ -294,12 +293,12 @@ def nnx_reference(jax_policy, train=False):
 
 
 def test_nnx_policies(remat_mode, monkeypatch):
-  lowering.reset_unmatched_warnings()
+  findings.forget_trace_warnings()
   plain_loss, params, rest = nnx_loss_and_args(nnx_model())
   plain = grad_of(plain_loss, params, rest)
   for policy in POLICIES:
     if policy == "recompute-attention-core":
-      with pytest.warns(UserWarning, match="none of them is present"):
+      with pytest.warns(UserWarning, match="keeps none of its names"):
         model = rt.remat_modules(nnx_model(), {"blocks/*": policy})
         loss, _, _ = nnx_loss_and_args(model)
         residuals(loss, params, rest)
@@ -372,7 +371,7 @@ import json
 import jax, jax.numpy as jnp
 import flax.linen as nn
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
+from remat_toolkit._src.core import compat
 
 class Block(nn.Module):
   @nn.compact

@@ -30,8 +30,8 @@ from shared_helpers import residuals
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.core import compat
 
 pytestmark = pytest.mark.usefixtures("quick_compiles")
 

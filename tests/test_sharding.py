@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import sharding
+from remat_toolkit._src.analysis import sharding
 
 # The subprocess checks both remat modes itself: CI runs it once per leg.
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ _SCRIPT = textwrap.dedent('''
     import jax, jax.numpy as jnp
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     import remat_toolkit as rt
-    from remat_toolkit._src import compat as compat
+    from remat_toolkit._src.core import compat
     from remat_toolkit import models
 
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))

@@ -29,9 +29,9 @@ from shared_helpers import jax_activation_bytes  # noqa: E402
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import trace
+from remat_toolkit._src.analysis import trace
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 

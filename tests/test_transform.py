@@ -16,12 +16,13 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import lowering
-from remat_toolkit._src import nnx_paths
-from remat_toolkit._src import resolve
-from remat_toolkit._src.transform import remat_region
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.policies import findings
+from remat_toolkit._src.policies import lowering
+from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.transform import nnx_paths
+from remat_toolkit._src.transform.remat import remat_region
 
 cp = jax.checkpoint_policies
 D = 8
@@ -418,7 +419,7 @@ def test_glob_matches_names_never_seen_before(remat_mode):
 
 
 def test_unmatched_patterns_warn_once(monkeypatch):
-  lowering.reset_unmatched_warnings()
+  findings.forget_trace_warnings()
   f = rt.remat(lambda x: jnp.sin(rt.tag(x * 2, "ffn.up")).sum(),
                policy="save-attention")
   with pytest.warns(UserWarning, match=r"'save-attention'.*\['ffn.up'\]"):

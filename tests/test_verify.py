@@ -20,13 +20,13 @@ from jax.experimental import io_callback
 from shared_helpers import JAX_RELEASE
 
 import remat_toolkit as rt
-from remat_toolkit._src import cli
-from remat_toolkit._src import compat as compat
-from remat_toolkit._src import jaxpr as _jaxpr
-from remat_toolkit._src import lowering
-from remat_toolkit._src import residuals as _residuals
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.policies import lowering
 
-verify_module = importlib.import_module("remat_toolkit._src.verify")
+verify_module = importlib.import_module("remat_toolkit._src.analysis.verify")
 cp = jax.checkpoint_policies
 S = jax.ShapeDtypeStruct
 W = jnp.linspace(-0.5, 0.5, 64, dtype=jnp.float32).reshape(8, 8)
@@ -454,7 +454,7 @@ def test_trace_difference_compares_captured_constants():
 
 
 def test_residual_origins_carry_the_step_variable_holding_each(remat_mode):
-  program = importlib.import_module("remat_toolkit._src.trace").TracedProgram(
+  program = importlib.import_module("remat_toolkit._src.analysis.trace").TracedProgram(
       loss, (W, X))
   for name in ("boundary-only", "save-ffn", "save-everything"):
     step = program.step(rt.get_policy(name))

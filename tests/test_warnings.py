@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src import cli
-from remat_toolkit._src import findings
-from remat_toolkit._src import lowering
+from remat_toolkit._src.cli import main as cli
+from remat_toolkit._src.policies import findings
+from remat_toolkit._src.policies import lowering
 
 S = jax.ShapeDtypeStruct
 W = S((4, 4), jnp.float32)
@@ -300,7 +300,7 @@ def test_repr_raises_nothing_more():
 
 
 def test_quiet_warnings_keeps_them_on_the_result():
-  with findings.quiet_warnings():
+  with findings.quiet():
     report, raised = made(lambda: rt.analyze(no_region, W, X,
                                              policy="save-ffn"))
   assert raised == [] and NO_REGION in report.warnings[0]
@@ -328,7 +328,7 @@ def test_the_trace_time_names_warning_has_a_switch():
   # when traced; a switch, not a filter on the message's wording.
   policy = rt.Policy(name="keeps-a-name-nobody-has", save=["nobody.has.this"])
   region = lowering.region_policy(policy, "layers_0")
-  with lowering.silence_unmatched_warnings():
+  with findings.quiet():
     _, raised = made(lambda: lowering.warn_if_unmatched(region, ["ffn.up"]))
   assert raised == []
   _, raised = made(lambda: lowering.warn_if_unmatched(region, ["ffn.up"]))

@@ -53,7 +53,7 @@ def test_wheel_declares_the_console_script(wheel):
     entry_points = next(n for n in zf.namelist()
                         if n.endswith(".dist-info/entry_points.txt"))
     text = zf.read(entry_points).decode()
-  assert "remat-toolkit = remat_toolkit._src.cli:main" in text
+  assert "remat-toolkit = remat_toolkit._src.cli.main:main" in text
 
 
 def test_installed_wheel_finds_its_policies(wheel, tmp_path):

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from remat_toolkit._src.tags import tag
+from remat_toolkit._src.policies.tags import tag
 from remat_toolkit.models import flash
 from remat_toolkit.models.configs import GPTConfig
 

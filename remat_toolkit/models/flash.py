@@ -31,7 +31,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from remat_toolkit._src.kernels import tag_residuals
+from remat_toolkit._src.policies.kernels import tag_residuals
 
 __all__ = ["flash_attention", "make_flash_kernel", "DEFAULT_BLOCK_SIZE"]
 

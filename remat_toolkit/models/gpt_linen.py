@@ -22,10 +22,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from remat_toolkit._src.grouping import group_size
-from remat_toolkit._src.grouping import remat_chain
-from remat_toolkit._src.grouping import scan_layers
-from remat_toolkit._src.tags import tag
+from remat_toolkit._src.policies.tags import tag
+from remat_toolkit._src.transform.grouping import group_size
+from remat_toolkit._src.transform.grouping import remat_chain
+from remat_toolkit._src.transform.grouping import scan_layers
+from remat_toolkit._src.transform.remat import remat
 from remat_toolkit.models import common
 from remat_toolkit.models.configs import GPTConfig
 
@@ -154,7 +155,6 @@ class GPT(nn.Module):
     if cfg.remat and size == 1:
       # One region per block, lifted on the block class itself: module
       # paths stay ``layers_3/attn``.
-      from remat_toolkit._src.transform import remat
       block_cls = remat(Block, cfg.remat_policy)
     else:
       block_cls = Block

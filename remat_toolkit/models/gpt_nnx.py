@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from remat_toolkit._src.grouping import nnx_scan_layers
-from remat_toolkit._src.grouping import remat_chain
-from remat_toolkit._src.nnx_paths import name_nnx_modules
-from remat_toolkit._src.tags import tag
+from remat_toolkit._src.policies.tags import tag
+from remat_toolkit._src.transform.grouping import nnx_scan_layers
+from remat_toolkit._src.transform.grouping import remat_chain
+from remat_toolkit._src.transform.nnx_paths import name_nnx_modules
 from remat_toolkit.models import common
 from remat_toolkit.models.configs import GPTConfig
 

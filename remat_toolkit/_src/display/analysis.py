@@ -8,23 +8,26 @@ import html
 import html as _html
 from typing import Any
 
-from remat_toolkit._src import format as fmt
-from remat_toolkit._src.breakdown import Breakdown
-from remat_toolkit._src.discovery import INDEXED as _INDEXED
-from remat_toolkit._src.discovery import RematSummary
-from remat_toolkit._src.display import require
-from remat_toolkit._src.display import to_dataframe
-from remat_toolkit._src.display import to_html
-from remat_toolkit._src.display import to_text
-from remat_toolkit._src.report import Comparison
-from remat_toolkit._src.report import ResidualReport
-from remat_toolkit._src.report import module_prefix
-from remat_toolkit._src.verify import Verification
+from remat_toolkit._src.core import format as fmt
+from remat_toolkit._src.display.common import require
+from remat_toolkit._src.results.analysis import Breakdown
+from remat_toolkit._src.results.analysis import Comparison
+from remat_toolkit._src.results.analysis import ResidualReport
+from remat_toolkit._src.results.analysis import Verification
+from remat_toolkit._src.results.analysis import module_prefix
+from remat_toolkit._src.results.base import summary_lines
+from remat_toolkit._src.results.base import table
+from remat_toolkit._src.results.base import to_dataframe
+from remat_toolkit._src.results.base import to_html
+from remat_toolkit._src.results.base import to_text
+from remat_toolkit._src.results.regions import RematSummary
+from remat_toolkit._src.transform.discovery import INDEXED as _INDEXED
 
 # ================================================= ResidualReport, Comparison
 
 
 
+@summary_lines.register
 def residual_report_summary(report: ResidualReport) -> list[str]:
   """A report's headline figures and warnings, one line each."""
   lines = [
@@ -65,6 +68,7 @@ def residual_report_summary(report: ResidualReport) -> list[str]:
   return lines
 
 
+@table.register
 def residual_table(report: ResidualReport, *, depth: int | None = 2,
                    limit: int = 40) -> str:
   """Per-module, per-name table of a report's activation residuals."""
@@ -246,6 +250,7 @@ def _breakdown_table(breakdown: Breakdown) -> tuple[list[str], list[list[str]]]:
   return ["category", "bytes", "share", "note"], body
 
 
+@summary_lines.register
 def breakdown_summary(breakdown: Breakdown) -> list[str]:
   """A breakdown's headline figures and warnings, one line each."""
   b = breakdown
@@ -291,6 +296,7 @@ def _(breakdown: Breakdown) -> Any:
 
 
 
+@summary_lines.register
 def verification_summary(verification: Verification) -> list[str]:
   """What verify found, one line each (the text form)."""
   v = verification

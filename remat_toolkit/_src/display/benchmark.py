@@ -6,15 +6,18 @@ import os
 from html import escape as _escape_html
 from typing import Any
 
-from remat_toolkit._src import format as fmt
-from remat_toolkit._src.batch_search import BatchSearch
-from remat_toolkit._src.bench import BASELINE
-from remat_toolkit._src.bench import BenchResult
-from remat_toolkit._src.display import require
-from remat_toolkit._src.display import to_dataframe
-from remat_toolkit._src.display import to_html
-from remat_toolkit._src.display import to_text
-from remat_toolkit._src.train_step import MEMORY_FIGURE
+from remat_toolkit._src.analysis.trace import cpu_scheduler_setting
+from remat_toolkit._src.bench.measure import BASELINE
+from remat_toolkit._src.bench.train_step import MEMORY_FIGURE
+from remat_toolkit._src.core import format as fmt
+from remat_toolkit._src.display.common import require
+from remat_toolkit._src.results.base import summary_lines
+from remat_toolkit._src.results.base import table
+from remat_toolkit._src.results.base import to_dataframe
+from remat_toolkit._src.results.base import to_html
+from remat_toolkit._src.results.base import to_text
+from remat_toolkit._src.results.bench import BatchSearch
+from remat_toolkit._src.results.bench import BenchResult
 
 # ==================================================== BenchResult, BatchSearch
 
@@ -73,7 +76,6 @@ def _bench_figure_notes(result: BenchResult) -> list[str]:
 
 
 def _cpu_notes(load_average: float | None) -> list[str]:
-  from remat_toolkit._src.trace import cpu_scheduler_setting
   out = [
       "CPU figures: step times are XLA:CPU's and do not predict an "
       "accelerator's. XLA:CPU's compiled memory follows the policy "
@@ -86,13 +88,16 @@ def _cpu_notes(load_average: float | None) -> list[str]:
   return out
 
 
+@summary_lines.register
 def bench_notes(result: BenchResult) -> list[str]:
   """What a benchmark's figures mean and how they were taken, then its warnings."""
   return _bench_figure_notes(result) + [f"warning: {w}" for w in result.warnings]
 
 
-def bench_markdown(result: BenchResult) -> str:
+@table.register
+def bench_markdown(result: BenchResult, *, markdown: bool = True) -> str:
   """A benchmark's table as Markdown (for a README), without the notes."""
+  del markdown  # the one table form a benchmark has besides its text
   headers, body = _bench_table(result)
   rule = ["---" if h == "policy" else "---:" for h in headers]
   return "\n".join("| " + " | ".join(row) + " |"
@@ -139,7 +144,6 @@ def _batch_search_text(search: BatchSearch) -> str:
            f"{search.max_batch}; {search.backend}; "
            f"XLA_FLAGS={search.xla_flags or '(unset)'}."]
   if search.backend == "cpu":
-    from remat_toolkit._src.trace import cpu_scheduler_setting
     lines.append("XLA:CPU scheduler: " + cpu_scheduler_setting() + ".")
   lines += [f"skipped {n}: {why}" for n, why in search.skipped.items()]
   return "\n".join(lines)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from remat_toolkit._src import format as fmt
-from remat_toolkit._src.display import require
-from remat_toolkit._src.display import to_dataframe
-from remat_toolkit._src.display import to_html
-from remat_toolkit._src.display import to_text
-from remat_toolkit._src.frontier import Frontier
-from remat_toolkit._src.plan_result import Plan
+from remat_toolkit._src.core import format as fmt
+from remat_toolkit._src.display.common import require
+from remat_toolkit._src.results.base import summary_lines
+from remat_toolkit._src.results.base import to_dataframe
+from remat_toolkit._src.results.base import to_html
+from remat_toolkit._src.results.base import to_text
+from remat_toolkit._src.results.planning import Frontier
+from remat_toolkit._src.results.planning import Plan
 
 # ============================================================ Plan, Frontier
 
 
+@summary_lines.register
 def plan_summary_lines(plan: Plan) -> list[str]:
   """A plan's headline: budget and what it bounds, numbers, proof, choices."""
   fb, ff = fmt.format_bytes, fmt.format_flops

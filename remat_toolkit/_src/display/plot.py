@@ -6,10 +6,11 @@ import dataclasses
 import functools
 from typing import Any
 
-from remat_toolkit._src.display import require
-from remat_toolkit._src.frontier import Frontier
-from remat_toolkit._src.pareto import pareto_flags
-from remat_toolkit._src.report import Comparison
+from remat_toolkit._src.core.pareto import pareto_flags
+from remat_toolkit._src.display.common import require
+from remat_toolkit._src.results import base
+from remat_toolkit._src.results.analysis import Comparison
+from remat_toolkit._src.results.planning import Frontier
 
 # ======================================================== the one plot
 # (html, dataclasses and Comparison are imported in the sections above.)
@@ -48,6 +49,8 @@ def _(frontier: Frontier) -> list[PlotPoint]:
           for p in frontier.points]
 
 
+@base.plot.register(Comparison)
+@base.plot.register(Frontier)
 def plot(result: Any, ax: Any = None) -> Any:
   """Memory kept (x, MiB) vs recompute (y, % of a no-remat step).
 

@@ -1,0 +1,153 @@
+"""The residual analyzer: what a policy keeps for the backward pass, and its cost.
+
+The model is traced once (:mod:`remat_toolkit._src.analysis.trace`). Every remat
+region that reads the ambient policy is then given each policy in turn inside
+the traced program, so comparing many policies re-traces no Python code.
+Where the pieces live: the results as data in :mod:`~remat_toolkit._src.results.analysis`,
+their text and HTML in :mod:`~remat_toolkit._src.display`, the warnings they
+carry in :mod:`~remat_toolkit._src.analysis.diagnose`, and each residual's bytes in
+:mod:`~remat_toolkit._src.analysis.residuals`.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import remat_toolkit as rt
+  >>> @rt.remat
+  ... def block(w, x):
+  ...   return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+  >>> loss = lambda w, x: block(w, x).sum()
+  >>> args = (jax.ShapeDtypeStruct((8, 8), jnp.float32),
+  ...         jax.ShapeDtypeStruct((4, 8), jnp.float32))
+  >>> rt.analyze(loss, *args, policy="save-ffn").activation_bytes
+  128
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+from remat_toolkit._src.analysis.diagnose import KERNEL_KINDS
+from remat_toolkit._src.analysis.diagnose import region_warnings
+from remat_toolkit._src.analysis.diagnose import selection_warnings
+from remat_toolkit._src.analysis.trace import TracedProgram
+from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.policies.findings import warn_once
+from remat_toolkit._src.policies.policy import Policy
+from remat_toolkit._src.policies.resolve import PolicyLike
+from remat_toolkit._src.results.analysis import Comparison
+from remat_toolkit._src.results.analysis import ResidualReport
+
+__all__ = ["analyze", "compare"]
+
+def analyze(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
+            compile: bool = False) -> ResidualReport:
+  """Which residuals ``fn``'s backward pass keeps under ``policy``.
+
+  Args:
+    fn: returns a scalar loss, e.g. ``loss(params, batch)``; its remat regions
+      built with ``policy=None`` take the analysed policy.
+    *args: arrays or ``jax.ShapeDtypeStruct`` pytrees (nothing is allocated).
+    policy: a name, a :class:`Policy`, a raw ``jax.checkpoint_policies``
+      policy, or None for the ambient policy.
+    compile: also lower ``jit(grad(fn))`` and add XLA's memory analysis.
+
+  Returns:
+    A :class:`ResidualReport`; its ``warnings`` say when the figures are not
+    the policy's own (each is also raised once as a ``UserWarning``).
+
+  Raises:
+    ValueError: unknown policy name, an offloading policy this JAX cannot
+      run now (under ``jax_remat3``), non-scalar loss, no float argument.
+    TypeError: a policy of the wrong type, or a non-array argument.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> @rt.remat
+    ... def block(w, x):
+    ...   return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+    >>> loss = lambda w, x: block(w, x).sum()
+    >>> w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    >>> x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    >>> report = rt.analyze(loss, w, x, policy="save-ffn")
+    >>> report.activation_bytes, [r.name for r in report.activations]
+    (128, ['ffn.up'])
+    >>> rt.analyze(loss, w, x, policy=jax.checkpoint_policies.dots_saveable
+    ...            ).activation_bytes
+    128
+  """
+  resolved = resolve.require_runnable(resolve.resolve_policy(policy))
+  report = TracedProgram(fn, args).report(resolved, compile=compile)
+  warn_once(report.warnings)
+  return report
+
+
+def compare(fn: Callable[..., Any], *args: Any,
+            policies: Sequence[PolicyLike] | None = None,
+            compile: bool = False) -> Comparison:
+  """Analyses ``fn`` under several policies, tracing the model once.
+
+  Args:
+    fn: returns a scalar loss; see :func:`analyze`.
+    *args: arrays or ``jax.ShapeDtypeStruct`` pytrees.
+    policies: a list of what :func:`analyze` takes as ``policy`` (names,
+      Policies, raw JAX policies); default: every policy in the catalogue.
+    compile: add XLA's memory analysis per policy (slow: one compile each).
+
+  Returns:
+    A :class:`Comparison`; its ``warnings`` (each raised once as a
+    ``UserWarning``) name the policies whose figures are not their own.
+    Policies this JAX cannot run now (offloading under ``jax_remat3``) are
+    in its ``skipped``, each with the reason, also raised once.
+
+  Raises:
+    ValueError: an unknown policy name, non-scalar loss, no float argument.
+    TypeError: ``policies`` is one policy rather than a list, or holds
+      something that is not a policy.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> @rt.remat
+    ... def block(w, x):
+    ...   return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+    >>> loss = lambda w, x: block(w, x).sum()
+    >>> w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    >>> x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    >>> c = rt.compare(loss, w, x, policies=["boundary-only", "save-ffn"])
+    >>> {name: r.activation_bytes for name, r in c.reports.items()}
+    {'boundary-only': 0, 'save-ffn': 128}
+    >>> [row["policy"] for row in c.rows() if row["pareto"]]
+    ['boundary-only', 'save-ffn']
+  """
+  chosen = resolve.resolve_policies(policies)
+  runnable, skipped = resolve.split_runnable(chosen)
+  program = TracedProgram(fn, args)
+  reports = {p.name: program.report(p, compile=compile) for p in runnable}
+  found = region_warnings(program) + [
+      w for p in runnable for w in selection_warnings(program, p)] + [
+      w for r in reports.values() for w in r.warnings
+      if getattr(w, "kind", None) in KERNEL_KINDS]
+  comparison = Comparison(
+      reports=reports, skipped=skipped, regions=program.regions,
+      warnings=tuple(dict.fromkeys(found)),
+      baseline=_baseline(program, runnable, reports))
+  warn_once([*skipped.values(), *comparison.warnings])
+  return comparison
+
+
+def _baseline(program: TracedProgram, compared: Sequence[Policy],
+              reports: dict[str, ResidualReport]) -> ResidualReport | None:
+  """The built-in save-everything's report, when that policy is compared.
+
+  Measured with :data:`resolve.SAVE_EVERYTHING`, not the catalogue's entry,
+  so a user's ``save-everything.toml`` cannot move the percentages.
+  """
+  baseline = resolve.SAVE_EVERYTHING
+  same_name = [p for p in compared if p.key == baseline.key]
+  if not same_name:
+    return None
+  if program.lowered(same_name[0]) == program.lowered(baseline):
+    return reports[same_name[0].name]
+  return program.report(baseline)

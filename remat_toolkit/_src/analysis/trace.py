@@ -1,0 +1,585 @@
+"""A loss function traced once, and read under any policy.
+
+:class:`TracedProgram` traces ``fn`` once with every region that reads the
+ambient policy lowered to a marker of its key (:func:`remat_toolkit._src.
+lowering.substitute_ambient`), then substitutes each policy's lowering into
+the traced program, region by region: comparing many policies, or giving
+each region a policy of its own, re-traces no Python code. The residuals'
+bytes are counted in :mod:`remat_toolkit._src.analysis.residuals`, their per-device
+share in :mod:`remat_toolkit._src.analysis.sharding`.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> import remat_toolkit as rt
+  >>> from remat_toolkit._src.analysis.trace import TracedProgram
+  >>> f = rt.remat(lambda x: jnp.sin(jnp.sin(x)).sum())
+  >>> program = TracedProgram(f, (jax.ShapeDtypeStruct((4,), jnp.float32),))
+  >>> program.regions
+  1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_toolkit._src.analysis import residuals as _residuals
+from remat_toolkit._src.analysis import sharding as _sharding
+from remat_toolkit._src.analysis.diagnose import kernel_warnings
+from remat_toolkit._src.analysis.diagnose import policy_warnings
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.policies import catalog
+from remat_toolkit._src.policies import lowering
+from remat_toolkit._src.policies import region_inputs
+from remat_toolkit._src.policies.policy import Policy
+from remat_toolkit._src.policies.resolve import SAVE_EVERYTHING
+from remat_toolkit._src.results.analysis import COUNTED_KINDS
+from remat_toolkit._src.results.analysis import RecomputedKernel
+from remat_toolkit._src.results.analysis import Residual
+from remat_toolkit._src.results.analysis import ResidualReport
+
+__all__ = ["TracedProgram", "cpu_scheduler_setting"]
+
+_CUDNN_REFUSAL = (
+    "the model calls a cuDNN kernel (jax.nn.dot_product_attention with "
+    "implementation='cudnn'), which JAX cannot trace without a GPU; analyse it "
+    "with implementation='xla' (or None), or run the analysis on a GPU.")
+
+
+class TracedProgram:
+  """A loss function traced once, analysable under any policy.
+
+  Args:
+    fn: returns a scalar loss.
+    args: its arguments: arrays, ``jax.ShapeDtypeStruct`` or pytrees of them.
+
+  Raises:
+    TypeError: if ``fn`` is not callable or an argument leaf is not an array.
+    ValueError: if ``fn`` does not return a scalar, or no argument is a
+      floating-point array (nothing to differentiate).
+  """
+
+  def __init__(self, fn: Callable[..., Any], args: Sequence[Any]):
+    if not callable(fn):
+      raise TypeError(f"fn must be a callable returning a scalar loss, got {fn!r}.")
+    leaves, self._treedef = jax.tree_util.tree_flatten(args)
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree_util.tree_flatten_with_path(args)[0]]
+    self._leaves = [_as_abstract(x, p) for x, p in zip(leaves, paths, strict=True)]
+    if not any(jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+               for x in self._leaves):
+      raise ValueError(
+          "No argument of fn is a floating-point array, so there is nothing to "
+          "differentiate and no residual to analyse; pass the parameters "
+          "(e.g. analyze(loss, params, batch)).")
+    self._paths = paths
+    self._markers = lowering.RegionMarkers()
+    treedef = self._treedef
+
+    def flat_fn(*xs):
+      return fn(*jax.tree_util.tree_unflatten(treedef, xs))
+
+    self._layout = _sharding.layout_of(self._leaves)
+    try:
+      closed, out_shape = self._trace(flat_fn)
+    except compat.ShardingTypeError as e:
+      if self._layout.mesh is None:  # concrete devices: the user's to fix
+        raise
+      # Not written for explicit sharding: trace it on Auto axes, where XLA
+      # decides the shardings, and measure them by compiling.
+      self._leaves, self._layout = _sharding.auto_axes(self._leaves,
+                                                       self._layout, e)
+      self._markers = lowering.RegionMarkers()
+      closed, out_shape = self._trace(flat_fn)
+    out_leaves = jax.tree_util.tree_leaves(out_shape)
+    if (len(out_leaves) != 1 or out_leaves[0].shape != ()
+        or not jax.numpy.issubdtype(out_leaves[0].dtype, jax.numpy.inexact)):
+      raise ValueError(
+          f"fn must return a scalar floating-point loss, got "
+          f"{jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', out_shape)}; "
+          "reduce it, e.g. return loss.mean().")
+    # Marked before regions are shared: identical layers stay identical.
+    closed = closed.replace(jaxpr=_jaxpr.mark_kernels(closed.jaxpr))
+    self.jaxpr = closed.replace(jaxpr=_jaxpr.share_identical_regions(
+        closed.jaxpr, self._markers))
+    self.regions = _jaxpr.count_remat_regions(closed.jaxpr, self._markers)
+    self.forward_flops = _jaxpr.count_matmul_flops(closed.jaxpr)
+    self._root = _root_scope(closed.jaxpr)
+    self._region_names = _region_name_sets(self.jaxpr.jaxpr, self._markers)
+    self._own_regions: list[tuple[str, str]] | None = None
+    self._matmuls: _jaxpr.MatmulCounts | None = None
+    self._custom_vjps: list[_jaxpr.KernelForward] | None = None
+    self._kinds: list[tuple[str, ...]] | None = None
+    self._arguments: dict[tuple[int, str], Residual] = {}
+    self._steps: dict[Any, tuple[Any, int]] = {}
+    self._baseline_step: _residuals.TracedStep | None = None
+    self._baseline_flops: int | None = None
+    self.kernel_sites = _jaxpr.kernel_work(closed.jaxpr)
+
+  def _trace(self, flat_fn):
+    with lowering.substitute_ambient(self._markers), _sharding.tracing(
+        self._layout):
+      try:
+        return _jaxpr.trace_program(flat_fn, self._leaves)
+      except RuntimeError as err:
+        if compat.is_cudnn_unavailable(err):
+          raise ValueError(_CUDNN_REFUSAL) from err
+        raise
+
+  @property
+  def layout(self) -> _sharding.Layout:
+    """How the arguments are spread over devices, and how that is measured."""
+    return self._layout
+
+  @property
+  def names(self) -> frozenset[str]:
+    """Checkpoint names present anywhere in the program."""
+    return _jaxpr.names_in(self.jaxpr.jaxpr)
+
+  @property
+  def leaves(self) -> list[Any]:
+    """The arguments' leaves, abstract (``jax.ShapeDtypeStruct``)."""
+    return list(self._leaves)
+
+  @property
+  def marker(self) -> lowering.RegionMarkers:
+    """The placeholders the ambient regions were traced with, one per key."""
+    return self._markers
+
+  @property
+  def region_keys(self) -> tuple[str, ...]:
+    """The key of every region that reads the ambient policy, in program
+    order (one key may stand for several region executions: a region in a
+    ``scan``, a module called twice)."""
+    return tuple(self._region_names)
+
+  def region_names(self, key: str) -> frozenset[str]:
+    """Checkpoint names inside the regions of key ``key``."""
+    return self._region_names[key]
+
+  def region_kinds(self) -> list[tuple[str, ...]]:
+    """The region keys grouped by kind, in program order.
+
+    Keys of one kind compute the same thing on the same input types, as
+    often per step (structurally identical layers), so a policy changes
+    their residuals alike.
+    """
+    if self._kinds is None:
+      signatures: dict[str, list[tuple[str, int]]] = {}
+      text: dict[int, str] = {}  # shared bodies are read once
+      for eqn, trips in _jaxpr.walk_with_trips(self.jaxpr.jaxpr):
+        if compat.is_remat(eqn) and compat.remat_policy_of(eqn) in self._markers:
+          key = self._markers.key_of(compat.remat_policy_of(eqn))
+          body_id = id(compat.remat_body_of(eqn))
+          if body_id not in text:
+            text[body_id] = _jaxpr.region_signature(eqn)
+          signatures.setdefault(key, []).append((text[body_id], trips))
+      kinds: dict[tuple, list[str]] = {}
+      for key in self.region_keys:
+        kinds.setdefault(tuple(signatures[key]), []).append(key)
+      self._kinds = [tuple(keys) for keys in kinds.values()]
+    return self._kinds
+
+  @property
+  def ambient_names(self) -> frozenset[str]:
+    """Checkpoint names inside the regions that read the ambient policy."""
+    return frozenset().union(*self._region_names.values())
+
+  @property
+  def shadowed_regions(self) -> int:
+    """Regions reading the ambient policy that sit inside a region with a
+    policy of its own (a model that remats itself), where the outer wins."""
+    return _jaxpr.count_shadowed_regions(self.jaxpr.jaxpr, self._markers)
+
+  @property
+  def ambient_matmuls(self) -> _jaxpr.MatmulCounts:
+    """The matmul equations inside the regions that read the ambient policy."""
+    if self._matmuls is None:
+      self._matmuls = _jaxpr.count_region_matmuls(
+          self.jaxpr.jaxpr,
+          lambda eqn: compat.remat_policy_of(eqn) in self._markers)
+    return self._matmuls
+
+  @property
+  def ambient_custom_vjps(self) -> list[_jaxpr.KernelForward]:
+    """The ``custom_vjp`` kernels inside the regions that read the ambient
+    policy, with the names and matmuls of their forward rules."""
+    if self._custom_vjps is None:
+      self._custom_vjps = _jaxpr.custom_vjp_forwards(
+          self.jaxpr.jaxpr,
+          lambda eqn: compat.remat_policy_of(eqn) in self._markers)
+      if self._root:
+        self._custom_vjps = [
+            dataclasses.replace(f, module_path=_strip_root(f.module_path,
+                                                           self._root))
+            for f in self._custom_vjps]
+    return self._custom_vjps
+
+  @property
+  def own_policy_regions(self) -> list[tuple[str, str]]:
+    """``(where, policy)`` of each remat region that has its own policy."""
+    if self._own_regions is None:
+      self._own_regions = _own_policy_regions(self.jaxpr.jaxpr, self._markers,
+                                              self._root)
+    return self._own_regions
+
+  def lowered(self, policy: Policy) -> tuple[Any, ...]:
+    """The JAX policy each region key gets under ``policy``, in key order."""
+    # Lowering expands name patterns: once per distinct (policy, names), not
+    # once per layer.
+    done: dict[tuple[int, frozenset[str]], Any] = {}
+    out = []
+    for key, names in self._region_names.items():
+      chosen = policy.for_region(key)
+      if self._named_inputs(chosen, key):
+        names = names | {region_inputs.INPUT_NAME}
+      memo = (id(chosen), names)
+      if memo not in done:
+        done[memo] = policy.to_jax(names, region=key)
+      out.append(done[memo])
+    return tuple(out)
+
+  def _named_inputs(self, policy: Policy | None, key: str
+                    ) -> tuple[bool, ...] | None:
+    """The inputs regions of ``key`` name under ``policy``, if it moves them
+    (:mod:`~remat_toolkit._src.policies.region_inputs`)."""
+    mask = self._markers.inputs_of(key)
+    if mask is None or not any(mask) or not region_inputs.selects_inputs(policy):
+      return None
+    return mask
+
+  def _substituted(self, policy: Policy):
+    mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))
+    named: dict[tuple[int, tuple[bool, ...]], Any] = {}  # shared bodies stay so
+
+    def body_for(marker, body):
+      mask = self._named_inputs(policy.for_region(self._markers.key_of(marker)),
+                                self._markers.key_of(marker))
+      if mask is None:
+        return body
+      if (id(body), mask) not in named:
+        named[(id(body), mask)] = region_inputs.name_body_inputs(body, mask)
+      return named[(id(body), mask)]
+
+    return _jaxpr.substitute_policy(
+        self.jaxpr.jaxpr, self._markers,
+        lambda marker, _: mapping[self._markers.key_of(marker)], body_for)
+
+  def step(self, policy: Policy) -> _residuals.TracedStep:
+    """The traced training step under ``policy`` (cached per lowering)."""
+    key = self.lowered(policy)
+    if key not in self._steps:
+      jaxpr = self._substituted(policy)
+      try:
+        with _sharding.tracing(self._layout):
+          self._steps[key] = _residuals.trace_training_step(
+              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
+              kernels=bool(self.kernel_sites))
+      except NotImplementedError as e:
+        # JAX's remat refuses some effects (io_callback) inside a region.
+        sites = _jaxpr.effects_in_remat_regions(self.jaxpr.jaxpr)
+        if not sites:
+          raise
+        where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
+                          for s in sites)
+        raise ValueError(
+            f"fn cannot be differentiated: JAX refuses effects inside a remat "
+            f"region ({e}); found {where}. Move the callback out of the remat "
+            "region, or make it a jax.debug.callback.") from None
+    return self._steps[key]
+
+  @property
+  def baseline_step_flops(self) -> int:
+    """Forward + backward FLOPs of a step with the ambient regions removed."""
+    if self._baseline_flops is None:
+      step = self.baseline_step
+      self._baseline_flops = self.forward_flops + step.backward_flops
+    return self._baseline_flops
+
+  @property
+  def baseline_step(self) -> _residuals.TracedStep:
+    """The training step with the ambient regions removed (no remat)."""
+    if self._baseline_step is None:
+      if compat.remat3_enabled():
+        # jax 0.10's remat3 everything_saveable recomputes un-named values.
+        jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._markers)
+        with _sharding.tracing(self._layout):
+          self._baseline_step = _residuals.trace_training_step(
+              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
+              kernels=bool(self.kernel_sites))
+      else:
+        self._baseline_step = self.step(SAVE_EVERYTHING)
+    return self._baseline_step
+
+  def recomputed_kernels(self, policy: Policy) -> tuple[RecomputedKernel, ...]:
+    """The kernels whose forward runs again in the backward pass under
+    ``policy``: their work over the training step beyond the work of the
+    same step without remat (a backward rule that re-runs part of its own
+    forward by design is not counted)."""
+    if not self.kernel_sites:
+      return ()
+    per_run = _kernel_work_by_site(self.kernel_sites, self._root)
+    work = _kernel_work_by_site(self.step(policy).kernel_work, self._root,
+                                per_run)
+    base = _kernel_work_by_site(self.baseline_step.kernel_work, self._root,
+                                per_run)
+    found = []
+    for site, done in work.items():
+      without = base.get(site, _jaxpr.KernelWork())
+      extra = done.flops - without.flops
+      launches = done.launches - without.launches
+      if extra > 0 or launches > 0:
+        runs = _extra_runs(extra, launches, per_run.get(site))
+        found.append(RecomputedKernel(site[0], site[1], max(extra, 0), runs))
+    return tuple(found)
+
+  def residuals(self, policy: Policy) -> list[Residual]:
+    step = self.step(policy)
+    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    return [self._residual(o) for o in origins]
+
+  def _residual(self, o: _residuals.ResidualOrigin) -> Residual:
+    if o.kind == "argument" and o.arg_index is not None:
+      # The same parameters are residuals under most policies: made once.
+      key = (o.arg_index, o.memory_kind)
+      if key not in self._arguments:
+        self._arguments[key] = self._make_residual(o)
+      return self._arguments[key]
+    return self._make_residual(o)
+
+  def _make_residual(self, o: _residuals.ResidualOrigin) -> Residual:
+    label = ""
+    path = o.module_path
+    if o.kind == "argument":
+      label = self._paths[o.arg_index]
+      path = _path_from_label(label)
+    elif self._root:
+      path = _strip_root(path, self._root)
+    return Residual(
+        shape=tuple(int(d) for d in o.aval.shape), dtype=str(o.aval.dtype),
+        nbytes=_residuals.aval_nbytes(o.aval), kind=o.kind, name=o.name,
+        module_path=path, primitive=o.primitive, source=o.source,
+        memory_kind=o.memory_kind, stacked=o.stacked, label=label,
+        kernel=o.kernel)
+
+  def report(self, policy: Policy, *, compile: bool = False) -> ResidualReport:
+    """The :class:`ResidualReport` of ``policy`` on this program."""
+    step = self.step(policy)
+    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    residuals = tuple(self._residual(o) for o in origins)
+    base = self.baseline_step_flops
+    total = self.forward_flops + step.backward_flops
+    # Per-device shares, by the method the arguments' shardings allow
+    # (read off the trace, or compiled here or in a subprocess).
+    shares = _sharding.residual_device_bytes(origins, self._leaves, step,
+                                             self._layout)
+    per_device = None
+    if shares is not None:
+      residuals = tuple(dataclasses.replace(r, per_device_nbytes=b)
+                        for r, b in zip(residuals, shares, strict=True))
+      per_device = sum(r.per_device_nbytes for r in residuals
+                       if r.kind in COUNTED_KINDS and r.memory_kind == "device")
+    notes = [self._layout.note] if self._layout.note else []
+    recomputed = self.recomputed_kernels(policy)
+    kernel_notes = kernel_warnings(self, policy, residuals,
+                                   [o.activation_matmul for o in origins],
+                                   recomputed)
+    return ResidualReport(
+        policy=policy.name, residuals=residuals,
+        forward_flops=self.forward_flops,
+        backward_flops=step.backward_flops,
+        recompute_flops=max(total - base, 0), baseline_step_flops=base,
+        remat_regions=self.regions,
+        xla=self.xla_memory(policy) if compile else None,
+        devices=self._layout.devices, per_device_activation_bytes=per_device,
+        warnings=(tuple(policy_warnings(self, policy)) + tuple(kernel_notes)
+                  + tuple(notes)),
+        per_device_method=self._layout.method,
+        recomputed_kernels=recomputed)
+
+  def xla_memory(self, policy: Policy) -> dict[str, Any]:
+    """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``.
+
+    Raises:
+      ValueError: for arguments on an ``AbstractMesh`` (no devices here to
+        compile for).
+    """
+    if self._layout.mesh is not None:
+      raise ValueError(
+          f"compile=True compiles for this machine's devices, but the "
+          f"arguments are sharded on the abstract mesh {self._layout.mesh} "
+          f"({self._layout.devices} devices); drop compile=True (the per-device "
+          f"figures come from {self._layout.method!r}), or shard the arguments "
+          "over jax.devices().")
+    jaxpr = self._substituted(policy)
+    consts = self.jaxpr.consts
+    diff = tuple(i for i, x in enumerate(self._leaves)
+                 if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact))
+
+    def loss(*xs):
+      return compat.eval_jaxpr(jaxpr, consts, *xs)[0]
+
+    compiled = jax.jit(jax.grad(loss, argnums=diff)).lower(*self._leaves).compile()
+    stats = compiled.memory_analysis()
+    out: dict[str, Any] = {
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+    }
+    host_temp = getattr(stats, "host_temp_size_in_bytes", 0)
+    if host_temp:
+      out["host_temp_bytes"] = int(host_temp)
+    out["backend"] = jax.default_backend()
+    if jax.default_backend() == "cpu":
+      out["scheduler"] = cpu_scheduler_setting()
+    return out
+
+
+def cpu_scheduler_setting() -> str:
+  """Which XLA:CPU scheduler compiled figures were taken with."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "--xla_cpu_enable_concurrency_optimized_scheduler=false" in flags:
+    return "concurrency-optimized scheduler off (temp bytes track the policy)"
+  return ("concurrency-optimized scheduler on (XLA:CPU default; it keeps buffers "
+          "alive, hiding remat's effect; set XLA_FLAGS="
+          "--xla_cpu_enable_concurrency_optimized_scheduler=false)")
+
+
+def _as_abstract(x: Any, path: str) -> Any:
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return x
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(x, jax.Array) and sharding is not None and len(
+        getattr(sharding, "device_set", ())) > 1:
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+  if isinstance(x, (bool, int, float, complex)):
+    return jax.ShapeDtypeStruct((), np.asarray(x).dtype)
+  raise TypeError(
+      f"Argument leaf {path or '(root)'} is {x!r} of type {type(x).__name__}; "
+      "analyze takes arrays or jax.ShapeDtypeStruct leaves (close over other "
+      "values in fn, e.g. with functools.partial).")
+
+
+def _root_scope(jaxpr) -> str:
+  """The model's root scope (Flax names it after the class), if all share it."""
+  firsts = {_jaxpr.module_path(e).split("/")[0].split(".")[0]
+            for e in jaxpr.eqns}
+  firsts.discard("")
+  return firsts.pop() if len(firsts) == 1 else ""
+
+
+def _extra_runs(extra_flops: int, extra_launches: int,
+                once: _jaxpr.KernelWork | None) -> float:
+  """How many more times a kernel runs, from its extra work and the work of
+  its calls in the primal program (``once``): its Pallas launches where it
+  has some, else its FLOPs."""
+  calls = max(once.calls, 1) if once is not None else 1
+  if extra_launches > 0 and once is not None and once.launches:
+    return round(extra_launches * calls / once.launches, 2)
+  if once is not None and once.flops:
+    return round(extra_flops * calls / once.flops, 2)
+  return float(max(extra_launches, 1))
+
+
+def _kernel_work_by_site(work: Mapping[tuple[str, str], _jaxpr.KernelWork],
+                         root: str,
+                         sites: Mapping[tuple[str, str], Any] | None = None
+                         ) -> dict[tuple[str, str], _jaxpr.KernelWork]:
+  """Kernel work keyed by (kernel, module path as residuals read it).
+
+  Differentiating a program can stack a call's scopes on scopes JAX kept
+  from an earlier trace of a shared body (``layers_1/layers_0/...``); the
+  kernel's call site is then the longest of the primal program's ``sites``
+  its path starts with.
+  """
+  merged: dict[tuple[str, str], _jaxpr.KernelWork] = {}
+  for (kernel, path), w in work.items():
+    path = _strip_root(path, root) if root else _dedup(path)
+    known = [p for k, p in (sites or ()) if k == kernel
+             and (path == p or path.startswith(p + "/") or not p)]
+    site = (kernel, max(known, key=len) if known else path)
+    total = merged.setdefault(site, _jaxpr.KernelWork())
+    total.flops += w.flops
+    total.launches += w.launches
+    total.calls += w.calls
+  return merged
+
+
+def _dedup(path: str) -> str:
+  parts = path.split("/")
+  return "/".join(p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1])
+
+
+def _strip_root(path: str, root: str) -> str:
+  # Flax names the root scope after the model class, and a transform lifted
+  # over a method gets the scope "Root.method": drop the class name in both.
+  parts = path.split("/")
+  if parts and parts[0] == root:
+    parts = parts[1:]
+  parts = [p[len(root) + 1:] if p.startswith(root + ".") else p for p in parts]
+  # A transform lifted over a method scopes the module's name once more
+  # ("Block_0/Block_0"): one module, one path component.
+  deduped = [p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1]]
+  return "/".join(deduped)
+
+
+def _region_name_sets(jaxpr, markers) -> dict[str, frozenset[str]]:
+  """Region key -> checkpoint names in its regions, keys in program order."""
+  found: dict[str, frozenset[str]] = {}
+
+  def record(marker, names):
+    key = markers.key_of(marker)
+    found[key] = found.get(key, frozenset()) | names
+    return marker
+
+  _jaxpr.substitute_policy(jaxpr, markers, record)
+  return found
+
+
+def _path_from_label(label: str) -> str:
+  keys = [k.strip("'\"") for k in label.replace("]", "").split("[") if k]
+  keys = [k for k in keys[1:] if k not in ("params", "'params'")]
+  return "/".join(keys[:-1])
+
+
+# ---------------------------------------------- regions with their own policy
+
+def _policy_label(jax_policy: Any, names: frozenset[str]) -> str:
+  """A catalogue name for a region's own JAX policy, else the JAX policy."""
+  # remat3 stores nothing_saveable as None; so does jax.checkpoint's default.
+  target = (jax.checkpoint_policies.nothing_saveable if jax_policy is None
+            else jax_policy)
+  for name in catalog.list_policies():
+    candidate = catalog.get_policy(name)
+    try:
+      lowered = candidate.to_jax(names)
+      same = lowered is target or bool(lowered == target)
+    except (TypeError, ValueError):  # e.g. an offloading policy under remat3
+      continue
+    if same:
+      return repr(candidate.name)
+  qualname = getattr(target, "__qualname__", None) or type(target).__name__
+  return f"the JAX policy {qualname.split('.')[0]}"
+
+
+def _own_policy_regions(jaxpr, markers, root: str) -> list[tuple[str, str]]:
+  found = []
+  for eqn in _jaxpr.walk(jaxpr):
+    if not compat.is_remat(eqn) or compat.remat_policy_of(eqn) in markers:
+      continue
+    path = _jaxpr.module_path(eqn)
+    path = _strip_root(path, root) if root else path
+    where = path or _jaxpr.source_of(eqn) or "the top level"
+    names = _jaxpr.names_in(compat.remat_body_of(eqn))
+    found.append((where, _policy_label(compat.remat_policy_of(eqn), names)))
+  return found

@@ -1,0 +1,272 @@
+"""The largest micro-batch whose compiled training step fits a memory budget.
+
+:func:`largest_batch` searches, per policy, the micro-batch sizes of the
+benchmark's training step (:mod:`~remat_toolkit._src.bench.train_step`),
+compiling each candidate and comparing XLA's memory analysis with the
+budget; nothing runs. :func:`step_memory` is one such compile.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import optax
+
+from remat_toolkit._src.bench import train_step
+from remat_toolkit._src.bench.measure import policies_to_run
+from remat_toolkit._src.bench.workload import DEFAULT_MODEL
+from remat_toolkit._src.bench.workload import Model
+from remat_toolkit._src.bench.workload import Workload
+from remat_toolkit._src.bench.workload import build_options
+from remat_toolkit._src.bench.workload import build_workload
+from remat_toolkit._src.bench.workload import check_positive_int
+from remat_toolkit._src.core.format import parse_bytes
+from remat_toolkit._src.core.progress import Deadline
+from remat_toolkit._src.core.progress import Progress
+from remat_toolkit._src.core.progress import one_line
+from remat_toolkit._src.policies import findings
+from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.policies.policy import Policy
+from remat_toolkit._src.results.bench import BatchFit
+from remat_toolkit._src.results.bench import BatchSearch
+
+__all__ = ["largest_batch", "step_memory", "search_largest"]
+
+_DEFAULT_MAX_BATCH = 4096
+
+
+def step_memory(model: Model = DEFAULT_MODEL, *args: Any,
+                policy: resolve.PolicyLike = resolve.SAVE_EVERYTHING,
+                batch: int | None = None,
+                seq: int | None = None, dtype: str | None = None,
+                scan: bool | None = None, group: int | str | None = None,
+                framework: str | None = None,
+                optimizer: optax.GradientTransformation | None = None
+                ) -> dict[str, int]:
+  """XLA's memory figures of one compiled training step (nothing runs).
+
+  Args:
+    model: as for :func:`bench`.
+    *args: ``params, batch`` for a user loss.
+    policy: the policy the step is compiled under: a name, a Policy or a
+      JAX policy (default: save-everything).
+    batch: examples in the step (default: the model's).
+    seq: built-in models only: sequence length.
+    dtype: built-in models only: activation dtype.
+    scan: built-in models only: scan the layers.
+    group: built-in models only: blocks per remat region, or ``"sqrt"``.
+    framework: built-in models only: ``"linen"`` (default) or ``"nnx"``.
+    optimizer: default ``optax.adamw(1e-3)``.
+
+  Raises:
+    ValueError: an unknown policy, or one that cannot run on this JAX.
+
+  Returns:
+    ``argument_bytes``, ``output_bytes, ``temp_bytes``, ``alias_bytes``,
+    ``host_temp_bytes`` and ``peak_bytes`` (arguments + outputs + temp -
+    alias).
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> loss = lambda w, b: jnp.mean((b @ w) ** 2)
+    >>> args = (jax.ShapeDtypeStruct((4, 4), jnp.float32),
+    ...         jax.ShapeDtypeStruct((8, 4), jnp.float32))
+    >>> step_memory(loss, *args, batch=16)["argument_bytes"] >= 16 * 4 * 4
+    True
+  """
+  build = build_options(seq=seq, dtype=dtype, scan=scan, group=group,
+                         framework=framework)
+  workload = build_workload(model, args, batch=None, build=build,
+                       optimizer=optimizer, seed=0, tokens_per_example=None,
+                       abstract=True)
+  size = workload.batch_size if batch is None else batch
+  check_positive_int("batch", size)
+  policy = resolve.require_runnable(resolve.resolve_policy(policy))
+  return _step_memory(workload, policy, size)
+
+
+def _step_memory(workload: Workload, policy: Policy, size: int) -> dict[str, int]:
+  compiled, _ = train_step.compile_step(workload, policy, 1, workload.resized(size))
+  return train_step.memory_figures(compiled)
+
+
+def _affine_crossing(a: tuple[int, int], b: tuple[int, int], budget: int
+                     ) -> int | None:
+  """The largest size under ``budget`` on the line through two probes."""
+  (n1, m1), (n2, m2) = sorted((a, b))
+  if n2 == n1 or m2 <= m1:
+    return None
+  return n1 + (budget - m1) * (n2 - n1) // (m2 - m1)
+
+
+def search_largest(measure: Callable[[int], int], budget: int, max_batch: int
+            ) -> tuple[int, int | None, list[tuple[int, int]]]:
+  """The largest size in ``[1, max_batch]`` whose bytes fit ``budget``.
+
+  Assumes bytes grow with the size. Sizes at least double until one does
+  not fit; a straight line through the last two probes (compiled memory is
+  close to affine in the batch) lets the search jump to just past the
+  predicted limit, then probe the line's crossing inside the bracket, with
+  a bisection step whenever a probe did not halve the bracket. Returns
+  (largest fit or 0, smallest miss or None at the cap, every probe).
+  """
+  tries: list[tuple[int, int]] = []
+
+  def fits(size: int) -> bool:
+    tries.append((size, measure(size)))
+    return tries[-1][1] <= budget
+
+  if not fits(1):
+    return 0, 1, tries
+  good, bad = 1, None
+  while bad is None and good < max_batch:
+    fitted = [t for t in tries if t[1] <= budget]
+    guess = (_affine_crossing(fitted[-2], fitted[-1], budget)
+             if len(fitted) > 1 else None)
+    size = min(max_batch, max(2 * good, (guess or 0) + 1))
+    if fits(size):
+      good = size
+    else:
+      bad = size
+  halved = True
+  while bad is not None and bad - good > 1:
+    measured = dict(tries)
+    guess = _affine_crossing((good, measured[good]), (bad, measured[bad]), budget)
+    size = guess if halved and guess is not None else (good + bad) // 2
+    size = min(max(size, good + 1), bad - 1)
+    width = bad - good
+    if fits(size):
+      good = size
+    else:
+      bad = size
+    halved = 2 * (bad - good) <= width
+  return good, bad, tries
+
+
+def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
+                  budget: int | str,
+                  policies: Sequence[resolve.PolicyLike] | None = None,
+                  seq: int | None = None, dtype: str | None = None,
+                  scan: bool | None = None, group: int | str | None = None,
+                  framework: str | None = None,
+                  max_batch: int = _DEFAULT_MAX_BATCH,
+                  optimizer: optax.GradientTransformation | None = None,
+                  time_limit_s: float | None = None,
+                  progress: bool = True) -> BatchSearch:
+  """Per policy, the largest micro-batch whose compiled step fits ``budget``.
+
+  Each candidate is compiled, never run: the training step (as in
+  :func:`bench`, one micro-batch, no accumulation) is lowered with a batch
+  of that many examples and its ``argument + output + temp - alias`` bytes
+  (XLA ``memory_analysis``) are compared with ``budget``. Sizes double from
+  1 until one does not fit (or ``max_batch`` is reached), then the bracket
+  is searched; both phases jump ahead along a straight line through the
+  last two probes, so a few compiles usually suffice.
+
+  Args:
+    model: as for :func:`bench`; a user batch's leaves are resized on their
+      leading axis.
+    *args: ``params, batch`` for a user loss (``jax.ShapeDtypeStruct`` is
+      enough: nothing is allocated).
+    budget: bytes, or a size such as ``"2GiB"``.
+    policies: names, Policies or JAX policies (``save-everything`` is
+      added). Default: ``bench.DEFAULT_POLICIES``.
+    seq: built-in models only: sequence length.
+    dtype: built-in models only: activation dtype.
+    scan: built-in models only: scan the layers.
+    group: built-in models only: blocks per remat region, or ``"sqrt"``.
+    framework: built-in models only: ``"linen"`` (default) or ``"nnx"``.
+    max_batch: the largest size tried.
+    optimizer: default ``optax.adamw(1e-3)``.
+    time_limit_s: start no further policy's search once this many seconds
+      have passed (the baseline's always runs); the rest are listed in
+      ``skipped``. Default: no limit.
+    progress: print progress lines on stderr.
+
+  Returns:
+    A :class:`BatchSearch`.
+
+  Raises:
+    ValueError: a budget that is not a size, an unknown policy, or
+      ``max_batch < 1``. A policy that cannot run on this JAX (offloading
+      under ``jax_remat3``) is listed in ``skipped`` and warned about
+      instead.
+    TypeError: a model or argument of the wrong kind.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import remat_toolkit as rt
+    >>> loss = lambda w, b: jnp.mean((b @ w) ** 2)
+    >>> args = (jax.ShapeDtypeStruct((4, 4), jnp.float32),
+    ...         jax.ShapeDtypeStruct((1, 4), jnp.float32))
+    >>> search = rt.largest_batch(loss, *args, budget="2KiB", max_batch=64,
+    ...                           policies=[], progress=False)
+    >>> fit = search.fits["save-everything"]
+    >>> fit.bytes <= 2048 < fit.over_bytes
+    True
+  """
+  budget_bytes = parse_bytes(budget)
+  check_positive_int("max_batch", max_batch)
+  deadline = Deadline(time_limit_s)
+  chosen = policies_to_run(policies)
+  build = build_options(seq=seq, dtype=dtype, scan=scan, group=group,
+                        framework=framework)
+  workload = build_workload(model, args, batch=None, build=build,
+                            optimizer=optimizer, seed=0,
+                            tokens_per_example=None, abstract=True)
+  runnable, unrunnable = resolve.split_runnable(chosen)
+  skipped = dict(unrunnable)
+  fits = _fit_all(workload, runnable, budget_bytes, max_batch,
+                  deadline=deadline, skipped=skipped, progress=progress)
+  search = BatchSearch(fits=fits, budget_bytes=budget_bytes,
+                       figure=train_step.MEMORY_FIGURE,
+                       model=workload.description,
+                       backend=jax.default_backend(),
+                       xla_flags=os.environ.get("XLA_FLAGS", ""),
+                       max_batch=max_batch, skipped=skipped)
+  # A policy that cannot run here is listed in ``skipped`` and raised once.
+  findings.warn_once(unrunnable.values())
+  return search
+
+
+def _fit_all(workload: Workload, policies: Sequence[Policy], budget: int,
+             max_batch: int, *, deadline: Deadline, skipped: dict[str, str],
+             progress: bool) -> dict[str, BatchFit]:
+  """Each policy's fit, in order; a failure (but the baseline's) is skipped."""
+  tracker = Progress(len(policies), progress)
+  fits: dict[str, BatchFit] = {}
+  try:
+    for i, policy in enumerate(policies):
+      if i and deadline.expired():
+        skipped[policy.name] = deadline.reason
+        continue
+      tracker.start(policy.name, "searching...")
+      try:
+        fits[policy.name] = _fit_policy(workload, policy, budget, max_batch,
+                                        tracker)
+      except Exception as e:  # noqa: BLE001 - one policy must not sink the run
+        if not i:
+          raise
+        skipped[policy.name] = f"failed to compile: {one_line(e)}"
+  finally:
+    tracker.close()
+  return fits
+
+
+def _fit_policy(workload: Workload, policy: Policy, budget: int,
+                max_batch: int, tracker: Progress) -> BatchFit:
+  def measure(size: int) -> int:
+    tracker.update(policy.name, f"compiling micro-batch {size}", detail=True)
+    return _step_memory(workload, policy, size)["peak_bytes"]
+
+  good, bad, tries = search_largest(measure, budget, max_batch)
+  measured = dict(tries)
+  return BatchFit(policy=policy.name, batch=good,
+                  bytes=measured.get(good), over_batch=bad,
+                  over_bytes=None if bad is None else measured[bad],
+                  hit_cap=bad is None, tries=tuple(tries))
