@@ -7,6 +7,7 @@ Data only; :mod:`remat_toolkit._src.display` renders it. The discovery is in
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from remat_toolkit._src.results.base import Result
 
