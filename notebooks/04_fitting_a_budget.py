@@ -180,15 +180,16 @@ print(f"{len(per_region_points)} per-region plans between "
 # %% [markdown]
 # ## Keep the plan: save it, load it by name
 #
-# `plan.save(path)` writes the policy as a TOML file in the catalogue's format,
-# with the plan's numbers as comments, and `rt.load_policies(path)` adds it to
+# `rt.save_policy(plan, path)` writes the plan's policy as a TOML file in the
+# catalogue's format (its description says what it keeps and recomputes, for
+# which budget), and `rt.load_policies(path)` adds it to
 # the catalogue, so that code and the `remat-toolkit` command line can select it
 # by name (`override=True` lets this cell run twice). Analysing the loaded
 # policy by name gives back the plan's numbers.
 
 # %%
 with tempfile.TemporaryDirectory() as folder:
-  path = plan.save(pathlib.Path(folder) / f"{plan.policy.name}.toml")
+  path = rt.save_policy(plan, pathlib.Path(folder) / f"{plan.policy.name}.toml")
   print(path.read_text())
   loaded = rt.load_policies(path, override=True)
 print("loaded policy:", [p.name for p in loaded])

@@ -23,12 +23,12 @@ from remat_toolkit._src.policies.catalog import get_policy
 from remat_toolkit._src.policies.catalog import list_policies
 from remat_toolkit._src.policies.catalog import load_policies
 from remat_toolkit._src.policies.catalog import register_policy
+from remat_toolkit._src.policies.catalog import save_policy
 from remat_toolkit._src.policies.kernels import tag_residuals
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import current_policy
 from remat_toolkit._src.policies.resolve import use_policy
 from remat_toolkit._src.policies.tags import tag
-from remat_toolkit._src.transform.grouping import nnx_scan_layers
 from remat_toolkit._src.transform.grouping import remat_chain
 from remat_toolkit._src.transform.grouping import scan_layers
 from remat_toolkit._src.transform.nnx_paths import name_nnx_modules
@@ -47,6 +47,7 @@ __all__ = [
     "list_policies",
     "load_policies",
     "register_policy",
+    "save_policy",
     "tag",
     "tag_residuals",
     "use_policy",
@@ -58,7 +59,6 @@ __all__ = [
     "remat_chain",
     "repolicy",
     "scan_layers",
-    "nnx_scan_layers",
     "restack",
     "name_nnx_modules",
     # inspecting them

@@ -136,7 +136,7 @@ def test_csv_and_json_hold_every_record(result):
   lines = res.to_csv().splitlines()
   assert len(lines) == 1 + len(res.records)
   assert lines[0].startswith("policy,grad_accum,")
-  assert [r["policy"] for r in json.loads(res.to_json())] == [
+  assert [r["policy"] for r in json.loads(res.to_json())["records"]] == [
       r.policy for r in res.records]
 
 
@@ -309,7 +309,7 @@ def test_cli_bench_json_parses():
                              "--warmup", "1", "--seq", "8", "--quiet",
                              "--json", "save-everything"])
   assert status == 0
-  (record,) = json.loads(out)
+  (record,) = json.loads(out)["records"]
   assert RECORD_FIELDS <= set(record)
   assert record["policy"] == "save-everything"
   # The built-in's batch is token ids: tokens = examples x sequence.
@@ -322,7 +322,7 @@ def test_cli_largest_batch_json_parses():
                              "--max-batch-under", "1GiB", "--max-batch-cap",
                              "1", "save-everything"])
   assert status == 0
-  (fit,) = json.loads(out)
+  (fit,) = json.loads(out)["fits"]
   assert (fit["policy"], fit["batch"], fit["hit_cap"]) == ("save-everything", 1, True)
 
 

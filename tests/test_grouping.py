@@ -519,7 +519,7 @@ def test_scan_layers_rejects_bad_input():
 # ---------------------------------------------------------------- NNX scan
 
 def nnx_stack(group: Any = 1, remat: bool = True, policy="boundary-only"):
-  return rt.nnx_scan_layers(NNXLayer, NUM_LAYERS, group=group, remat=remat,
+  return rt.scan_layers(NNXLayer, NUM_LAYERS, group=group, remat=remat,
                             policy=policy)(WIDTH, rngs=nnx.Rngs(0))
 
 
@@ -620,11 +620,11 @@ def test_nnx_scan_layers_with_dropout_matches_no_remat():
 
 def test_nnx_scan_layers_rejects_bad_input():
   with pytest.raises(TypeError, match="NNX Module class"):
-    rt.nnx_scan_layers(Layer, 4)
+    rt.scan_layers(Layer, 4)
   with pytest.raises(ValueError, match="does not divide"):
-    rt.nnx_scan_layers(NNXLayer, 4, group=3)
+    rt.scan_layers(NNXLayer, 4, group=3)
   with pytest.raises(ValueError):
-    rt.nnx_scan_layers(NNXLayer, 4, policy="no-such-policy")
+    rt.scan_layers(NNXLayer, 4, policy="no-such-policy")
 
 
 # ------------------------------------------------ mutable collections
@@ -715,9 +715,9 @@ def test_nnx_mutable_collection_under_remat(request, remat_mode, scan):
     request.applymarker(REMAT3_SCAN_YS_BUG)
   x = x_input()
   if scan:
-    model = rt.nnx_scan_layers(NNXStatsLayer, NUM_LAYERS, group=2)(
+    model = rt.scan_layers(NNXStatsLayer, NUM_LAYERS, group=2)(
         WIDTH, rngs=nnx.Rngs(0))
-    plain = rt.nnx_scan_layers(NNXStatsLayer, NUM_LAYERS, group=2,
+    plain = rt.scan_layers(NNXStatsLayer, NUM_LAYERS, group=2,
                                remat=False)(WIDTH, rngs=nnx.Rngs(0))
     apply, apply_plain = model, plain
   else:

@@ -195,7 +195,7 @@ def test_rules_apply_the_plan_to_a_model_one_cannot_edit(third_party_code):
 def test_a_plan_saved_and_loaded_is_the_same_policy(tmp_path):
   fn, args = models.build_loss("tiny")
   p = rt.plan(fn, *args, budget=_mid_budget(fn, args), per_layer=True)
-  path = p.save(tmp_path / "plan.toml")
+  path = rt.save_policy(p, tmp_path / "plan.toml")
   with catalog.isolated():
     (loaded,) = rt.load_policies(path)
     assert loaded == p.policy

@@ -225,7 +225,7 @@ def test_plan_does_not_register_until_asked(fresh_catalogue):
   before = rt.list_policies()
   p = rt.plan(loss, *ARGS, budget="64KiB")
   assert rt.list_policies() == before
-  p.register()
+  assert rt.register_policy(p) is p.policy
   assert rt.get_policy(p.policy.name) == p.policy
   with rt.use_policy(p.policy.name):
     assert rt.analyze(loss, *ARGS).activation_bytes == p.activation_bytes
@@ -234,13 +234,13 @@ def test_plan_does_not_register_until_asked(fresh_catalogue):
 def test_save_writes_a_policy_file_that_loads_back_equal(tmp_path, fresh_catalogue):
   program = TracedProgram(loss, ARGS)
   p = rt.plan(loss, *ARGS, budget=budgets_between(program, 4)[2])
-  path = p.save(tmp_path / "planned.toml")
+  path = rt.save_policy(p, tmp_path / "planned.toml")
   loaded = rt.load_policies(path)
   assert loaded == [p.policy]
   assert rt.analyze(loss, *ARGS, policy=p.policy.name).activation_bytes == (
       p.activation_bytes)
   with pytest.raises(ValueError, match="file path"):
-    p.save(tmp_path)
+    rt.save_policy(p, tmp_path)
 
 
 def test_plans_for_two_models_load_side_by_side(tmp_path, fresh_catalogue):
@@ -252,8 +252,8 @@ def test_plans_for_two_models_load_side_by_side(tmp_path, fresh_catalogue):
   second = rt.plan(loss, *wide, budget="1GiB")
   assert first.decisions == second.decisions
   assert first.policy.name != second.policy.name
-  loaded = [*rt.load_policies(first.save(tmp_path / "a.toml")),
-            *rt.load_policies(second.save(tmp_path / "b.toml"))]
+  loaded = [*rt.load_policies(rt.save_policy(first, tmp_path / "a.toml")),
+            *rt.load_policies(rt.save_policy(second, tmp_path / "b.toml"))]
   assert [p.name for p in loaded] == [first.policy.name, second.policy.name]
 
 
@@ -261,7 +261,7 @@ def test_whole_alternative_round_trips(tmp_path, fresh_catalogue):
   # With room for everything, no recompute: save-matmuls or save-everything.
   p = rt.plan(loss, *ARGS, budget="10MiB")
   assert p.recompute_flops == 0
-  assert rt.load_policies(p.save(tmp_path / "whole.toml")) == [p.policy]
+  assert rt.load_policies(rt.save_policy(p, tmp_path / "whole.toml")) == [p.policy]
 
 
 def test_names_with_glob_characters_are_matched_literally(remat_mode):

@@ -120,7 +120,7 @@ def test_the_plan_mixes_policies_along_the_stack():
 @pytest.mark.parametrize("framework", ["linen", "nnx"])
 def test_scanned_gpt_keeps_and_recomputes_what_the_plan_says(framework):
   plan = gpt_plan()
-  plan.register()  # the config names its policy, as GPTConfig.remat_policy does
+  rt.register_policy(plan)  # the config names its policy, as GPTConfig.remat_policy does
   fn, args = models.build_loss(gpt_config(plan.policy.name), scan=True,
                                framework=framework)
   report = quietly(rt.analyze, fn, *args)
@@ -138,7 +138,7 @@ def test_scanned_gpt_keeps_and_recomputes_what_the_plan_says(framework):
 @pytest.mark.parametrize("framework", ["linen", "nnx"])
 def test_scanned_gpt_has_the_single_scans_variables_per_run(framework):
   plan = gpt_plan()
-  name = plan.register().name
+  name = rt.register_policy(plan).name
   # Where the stack sits in the parameters: linen's scanned module, or the
   # NNX stack's ``blocks``.
   path = ("layers",) if framework == "linen" else ("layers", "blocks")
@@ -271,8 +271,8 @@ def test_restack_round_trips_between_layouts():
   assert_trees_close(rt.restack(other, None), single)
   assert_trees_close(rt.restack(other, "save-ffn"), single)
   # An NNX stack's state keeps its type and loads into a model of the plan.
-  stack = rt.nnx_scan_layers(NNXLayer, NUM_LAYERS)(WIDTH, rngs=nnx.Rngs(0))
-  planned = rt.nnx_scan_layers(NNXLayer, NUM_LAYERS, policy=three)(
+  stack = rt.scan_layers(NNXLayer, NUM_LAYERS)(WIDTH, rngs=nnx.Rngs(0))
+  planned = rt.scan_layers(NNXLayer, NUM_LAYERS, policy=three)(
       WIDTH, rngs=nnx.Rngs(1))
   state = rt.restack(nnx.state(stack.blocks), three)
   assert isinstance(state, nnx.State)
@@ -436,7 +436,7 @@ def test_nnx_runs_match_the_single_scan(request, group, deterministic):
   x = x_input()
 
   def run(policy):
-    stack = rt.nnx_scan_layers(NNXLayer, NUM_LAYERS, group=group,
+    stack = rt.scan_layers(NNXLayer, NUM_LAYERS, group=group,
                                policy=policy)(WIDTH, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(stack, nnx.Param, ...)
 
@@ -471,7 +471,7 @@ GLOBS = rt.Policy(name="globs", regions={"layers_0": "save-ffn",
 NESTED = rt.Policy(name="nested", regions={"layers_0": "save-ffn"})
 
 
-@pytest.mark.parametrize("scan", [rt.scan_layers, rt.nnx_scan_layers])
+@pytest.mark.parametrize("scan", [rt.scan_layers])
 @pytest.mark.parametrize("policy, group, error, match", [
     (["save-ffn"] * 3, 1, ValueError,
      r"list of 3 policies does not fit the stack's 4 remat regions "

@@ -703,7 +703,7 @@ ENTRY_POINTS = {
         [jnp.sin, jnp.cos], jnp.ones(2), policy=policy),
     "scan_layers": lambda policy: rt.scan_layers(
         _TinyLinen, 2, policy=policy, remat=False),
-    "nnx_scan_layers": lambda policy: rt.nnx_scan_layers(
+    "scan_layers (NNX)": lambda policy: rt.scan_layers(
         _TinyNNX, 2, policy=policy),
     "remat_modules": lambda policy: rt.remat_modules(
         _TinyNNXModel(nnx.Rngs(0)), {"_TinyNNX": policy}),
@@ -731,7 +731,7 @@ def test_every_entry_point_accepts_what_the_resolver_accepts(policy):
   chain = rt.remat_chain([lambda x: rt.tag(jnp.sin(x), "ffn.up"), jnp.cos],
                          jnp.ones(2), group=2, policy=policy)
   assert_trees_close(chain, jnp.cos(jnp.sin(jnp.ones(2))))
-  stack = rt.nnx_scan_layers(_TinyNNX, 2, policy=policy)(rngs=nnx.Rngs(0))
+  stack = rt.scan_layers(_TinyNNX, 2, policy=policy)(rngs=nnx.Rngs(0))
   assert stack(x).shape == (1, 2)
   model = rt.remat_modules(_TinyNNXModel(nnx.Rngs(0)), {"_TinyNNX": policy})
   assert model(x).shape == (1, 2)

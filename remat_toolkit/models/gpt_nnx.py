@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from remat_toolkit._src.policies.tags import tag
-from remat_toolkit._src.transform.grouping import nnx_scan_layers
 from remat_toolkit._src.transform.grouping import remat_chain
+from remat_toolkit._src.transform.grouping import scan_layers
 from remat_toolkit._src.transform.nnx_paths import name_nnx_modules
 from remat_toolkit.models import common
 from remat_toolkit.models.configs import GPTConfig
@@ -144,7 +144,7 @@ class NNXGPT(nnx.Module):
         if config.positions == "learned" else None)
     self.embed_dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
     if config.scan_layers:
-      stack = nnx_scan_layers(NNXBlock, config.num_layers,
+      stack = scan_layers(NNXBlock, config.num_layers,
                               policy=config.remat_policy,
                               group=config.remat_group, remat=config.remat)
       self.layers = stack(config, rngs=rngs)

@@ -43,6 +43,7 @@ from remat_toolkit._src.cli.shared import command_parser
 from remat_toolkit._src.cli.shared import emit
 from remat_toolkit._src.cli.shared import policy_list
 from remat_toolkit._src.planning import planner
+from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.transform.grouping import group_size
 
@@ -268,7 +269,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
   plan = planner.plan(loss_fn, *loss_args, budget=args.budget,
                       **_plan_options(args))
   if args.save:
-    path = plan.save(args.save)
+    path = catalog.save_policy(plan, args.save)
     print(f"wrote {path}: load it with `--policy-file {path}` or "
           f"remat_toolkit.load_policies({str(path)!r})", file=sys.stderr)
   return emit(plan, args, heading=model_line(args))

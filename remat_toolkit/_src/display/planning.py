@@ -148,8 +148,8 @@ def _(plan: Plan) -> str:
   if best is not None:
     out.append(f"\nbest named policy that fits: {best.name} "
                f"({best.recompute_percent:.1f}% recompute)")
-  out.append(f"use: `with rt.use_policy(plan):`, or plan.register() / "
-             f"plan.save('{plan.policy.name}.toml')"
+  out.append(f"use: `with rt.use_policy(plan):`, or rt.register_policy(plan) / "
+             f"rt.save_policy(plan, '{plan.policy.name}.toml')"
              + (", or rt.remat_modules(model, plan.rules)" if plan.per_layer
                 else ""))
   return "\n".join(out)

@@ -20,17 +20,21 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from remat_toolkit._src.policies.policy import BASELINES
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.policy import install_name_lookup
 from remat_toolkit._src.policies.policy import normalize_name
+from remat_toolkit._src.policies.policy import policy_of
 from remat_toolkit._src.policies.policy_toml import parse_policy_file
+from remat_toolkit._src.policies.policy_toml import policy_toml
 
 # parse_policy_file lives beside the writer in policy_toml; the command line
 # and the tests still reach it as catalog.parse_policy_file.
 
 __all__ = ["get_policy", "list_policies", "load_policies", "register_policy",
+           "save_policy",
            "policy_source", "aliases", "isolated", "POLICY_PATH_ENV",
            "builtin_policy_dir"]
 
@@ -271,18 +275,21 @@ def load_policies(path: str | os.PathLike, *, override: bool = False
   return [p for p, _ in items]
 
 
-def register_policy(policy: Policy, *, override: bool = False) -> Policy:
-  """Adds a :class:`Policy` built in Python to the catalogue.
+def register_policy(policy: Any, *, override: bool = False) -> Policy:
+  """Adds a :class:`Policy` built in Python, or a plan's, to the catalogue.
+
+  Plans (:func:`remat_toolkit.plan`) are not registered on their own, to
+  keep the catalogue to what the user chose: register one to use it by name.
 
   Args:
-    policy: the policy to add.
+    policy: the policy to add, or a plan (its ``policy``).
     override: replace an existing policy of the same name or alias.
 
   Returns:
-    ``policy``, so the call can wrap its construction.
+    The :class:`Policy` added, so the call can wrap its construction.
 
   Raises:
-    TypeError: if ``policy`` is not a :class:`Policy`.
+    TypeError: if ``policy`` is neither a :class:`Policy` nor a plan.
     ValueError: if its name or an alias exists already without
       ``override=True``.
 
@@ -292,13 +299,59 @@ def register_policy(policy: Policy, *, override: bool = False) -> Policy:
     >>> "keep-ffn-up" in rt.list_policies()
     True
   """
-  if not isinstance(policy, Policy):
-    raise TypeError(
-        f"register_policy takes a remat_toolkit.Policy, got {policy!r}; build "
-        "one first, e.g. rt.register_policy(rt.Policy(name='mine', "
-        "save=['attn.q'])), or load a file with rt.load_policies(path).")
+  resolved = _policy_argument("register_policy", policy)
   _REGISTRY._ensure_loaded()
-  _REGISTRY.add([(policy, "python")], override=override)
+  _REGISTRY.add([(resolved, "python")], override=override)
+  return resolved
+
+
+def save_policy(policy: Any, path: str | os.PathLike) -> Path:
+  """Writes a :class:`Policy`, or a plan's, as a policy file.
+
+  :func:`load_policies` reads it back equal; ``--policy-file`` and every
+  ``policy=`` argument take the path too.
+
+  Args:
+    policy: the policy to write, or a plan (its ``policy``, whose
+      description says what the plan keeps and recomputes).
+    path: the ``.toml`` file to write.
+
+  Returns:
+    The path written.
+
+  Raises:
+    TypeError: if ``policy`` is neither a :class:`Policy` nor a plan.
+    ValueError: if ``path`` is a folder, or the policy wraps a JAX policy
+      object (which no file can hold).
+
+  Example:
+    >>> import pathlib, tempfile
+    >>> import remat_toolkit as rt
+    >>> mine = rt.Policy(name="keep-ffn-up", save=["ffn.up"])
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...   path = rt.save_policy(mine, pathlib.Path(folder) / "mine.toml")
+    ...   rt.load_policies(path) == [mine]
+    True
+  """
+  resolved = _policy_argument("save_policy", policy)
+  path = Path(path)
+  if path.is_dir():
+    raise ValueError(
+        f"save_policy needs a file path, got the folder {str(path)!r}; write "
+        f"e.g. {str(path / (resolved.name + '.toml'))!r}.")
+  text = policy_toml(resolved)
+  path.write_text(f"# Written by remat_toolkit.save_policy.\n{text}\n",
+                  encoding="utf-8")
+  return path
+
+
+def _policy_argument(function: str, value: Any) -> Policy:
+  policy = policy_of(value)
+  if policy is None:
+    raise TypeError(
+        f"{function} takes a remat_toolkit.Policy or a plan, got {value!r}; "
+        f"build one first, e.g. rt.{function}(rt.Policy(name='mine', "
+        "save=['attn.q'])), or read a file with rt.load_policies(path).")
   return policy
 
 

@@ -28,7 +28,7 @@ from remat_toolkit._src.policies import tags
 
 __all__ = ["Policy", "Lowering", "MATMUL_MODES", "MEMORY_KINDS",
            "normalize_name", "unrunnable_reason", "lookup_policy",
-           "install_name_lookup", "BOUNDARY_ONLY", "SAVE_EVERYTHING", "BASELINES"]
+           "install_name_lookup", "policy_of", "BOUNDARY_ONLY", "SAVE_EVERYTHING", "BASELINES"]
 
 #: Values of :attr:`Policy.matmuls`.
 MATMUL_MODES: dict[str, str] = {
@@ -479,6 +479,15 @@ def _jax_policy_name(jax_policy: Any) -> str:
       return name
   return (getattr(jax_policy, "__qualname__", None)
           or type(jax_policy).__name__)
+
+
+def policy_of(value: Any) -> Policy | None:
+  """The :class:`Policy` ``value`` is or carries (a plan's ``policy``), else
+  None. A plan is known by what it holds, so this layer needs no planner."""
+  if isinstance(value, Policy):
+    return value
+  carried = getattr(value, "policy", None)
+  return carried if isinstance(carried, Policy) else None
 
 
 def unrunnable_reason(policy: Policy) -> str | None:

@@ -41,6 +41,7 @@ from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.policies.policy import BOUNDARY_ONLY
 from remat_toolkit._src.policies.policy import SAVE_EVERYTHING
 from remat_toolkit._src.policies.policy import Policy
+from remat_toolkit._src.policies.policy import policy_of
 from remat_toolkit._src.policies.policy import unrunnable_reason
 
 __all__ = ["SAVE_EVERYTHING", "BOUNDARY_ONLY", "PolicyLike", "resolve_policy",
@@ -113,13 +114,8 @@ def resolve_policy(policy: PolicyLike, *, argument: str = "policy") -> Policy:
 
 
 def _planned_policy(value: Any) -> Policy | None:
-  """The policy of a plan (what ``rt.plan`` returns), else None.
-
-  A plan is recognised by what it carries, a :class:`Policy` as its
-  ``policy``, so this layer needs no knowledge of the planner's results.
-  """
-  policy = getattr(value, "policy", None)
-  return policy if isinstance(policy, Policy) else None
+  """The policy of a plan (what ``rt.plan`` returns), else None."""
+  return None if isinstance(value, Policy) else policy_of(value)
 
 
 def resolve_policies(policies: Sequence[PolicyLike] | None, *,

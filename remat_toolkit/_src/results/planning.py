@@ -20,18 +20,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from remat_toolkit._src.core.format import format_bytes
-from remat_toolkit._src.core.format import format_flops
-from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.policy_toml import policy_record
-from remat_toolkit._src.policies.policy_toml import policy_toml
 from remat_toolkit._src.results import base as render
 from remat_toolkit._src.results.analysis import ResidualReport
 from remat_toolkit._src.results.base import Result
@@ -319,42 +313,6 @@ class Plan(Result):
           "are regions of plain functions, named by position; apply the plan "
           "with `with rt.use_policy(plan):` instead.")
     return dict(self.policy.regions)
-
-  def register(self, *, override: bool = False) -> Policy:
-    """Adds the policy to the catalogue, so it is usable by name.
-
-    Plans are not registered on their own, to keep the catalogue to what
-    the user chose.
-    """
-    return catalog.register_policy(self.policy, override=override)
-
-  def save(self, path: str | os.PathLike) -> Path:
-    """Writes the policy as a TOML file that ``rt.load_policies`` reads.
-
-    Returns:
-      The path written.
-    """
-    path = Path(path)
-    if path.is_dir():
-      raise ValueError(
-          f"plan.save needs a file path, got the folder {str(path)!r}; write "
-          f"e.g. {str(path / (self.policy.name + '.toml'))!r}.")
-    path.write_text(self.toml(), encoding="utf-8")
-    return path
-
-  def toml(self) -> str:
-    """The policy file's text, with the plan's numbers as comments."""
-    head = [
-        "# Written by remat_toolkit.plan.",
-        f"# budget {format_bytes(self.budget)} ({self.bounds}"
-        + (" per device" if self.per_device else "") + "): keeps "
-        f"{format_bytes(self.kept_bytes)} "
-        + ("per device" if self.per_device else "on device") + ", recomputes "
-        f"{format_flops(self.recompute_flops)} "
-        f"({self.recompute_percent:.1f}% of a no-remat step)"
-        + (f"; group size {self.group}" if self.group is not None else ""),
-    ]
-    return "\n".join(head + [policy_toml(self.policy), ""])
 
   # ------------------------------------------------------------ display
   # ------------------------------------------------------------ data

@@ -9,7 +9,7 @@ stack drop to O(sqrt(L)) for about one extra forward pass (Chen et al. 2016).
 
 * :func:`remat_chain` applies a list of layers (linen or NNX submodules, or
   plain callables) with one remat region per ``group`` consecutive layers.
-* :func:`scan_layers` (linen) and :func:`nnx_scan_layers` (NNX) build the
+* :func:`scan_layers` (linen and NNX) builds the
   scanned stack Flax recommends, ``nn.scan(nn.remat(Block,
   prevent_cse=False))``, with parameters stacked along a leading axis and
   dropout keys split per layer; ``group > 1`` nests two scans.
@@ -45,7 +45,7 @@ from remat_toolkit._src.policies.resolve import PolicyLike
 from remat_toolkit._src.transform import remat as transform
 from remat_toolkit._src.transform import scan_runs
 
-__all__ = ["remat_chain", "scan_layers", "nnx_scan_layers", "group_size"]
+__all__ = ["remat_chain", "scan_layers", "group_size"]
 
 GroupLike = int | str
 
@@ -307,8 +307,15 @@ def scan_layers(block_cls: type, length: int, *,
   read at trace time. With ``group > 1`` two scans are nested, the outer
   one over ``length // group`` remat regions of ``group`` blocks each (Chen
   et al.'s sqrt(n) schedule); parameters then have the leading shape
-  ``(length // group, group)``. An NNX ``block_cls`` is handed to
-  :func:`nnx_scan_layers`.
+  ``(length // group, group)``.
+
+  An NNX ``block_cls`` gives an NNX Module class: blocks are created stacked
+  with ``nnx.vmap`` (rng streams split per layer, so each layer has its own
+  parameters and dropout keys) and applied with ``nnx.scan`` over the
+  stack, each remat region reading its policy at trace time with
+  ``prevent_cse=False``; ``Stack(*args, rngs=rngs, **kwargs)`` builds the
+  blocks (attribute ``blocks``, an ``nnx.Dict`` of one stack per run under
+  a per-layer plan) and ``stack(x, *call_args)`` applies them.
 
   Regions inside one scan share one body, so a scan takes one policy. Given
   one policy per region (a per-layer plan, made on the unrolled model with
@@ -385,12 +392,36 @@ def scan_layers(block_cls: type, length: int, *,
     2
     >>> bool(jnp.allclose(apply(runs), Stack(width=3).apply(params, x)))
     True
+
+    An NNX class, stacked with ``nnx.vmap`` and applied with ``nnx.scan``:
+
+    >>> from flax import nnx
+    >>> import remat_toolkit as rt
+    >>> class NNXBlock(nnx.Module):
+    ...   def __init__(self, width, *, rngs):
+    ...     self.fc = nnx.Linear(width, width, rngs=rngs)
+    ...   def __call__(self, x):
+    ...     return x + jnp.tanh(rt.tag(self.fc(x), "ffn.up"))
+    >>> stack = rt.scan_layers(NNXBlock, 4)(3, rngs=nnx.Rngs(0))
+    >>> stack.blocks.fc.kernel.shape
+    (4, 3, 3)
+    >>> stack(jnp.ones((2, 3))).shape
+    (2, 3)
+    >>> plan = ["boundary-only"] * 2 + ["save-ffn"] * 2
+    >>> planned = rt.scan_layers(NNXBlock, 4, policy=plan)(
+    ...     3, rngs=nnx.Rngs(0))
+    >>> planned.blocks["run_1"].fc.kernel.shape
+    (2, 3, 3)
+    >>> bool(jnp.allclose(planned(jnp.ones((2, 3))), stack(jnp.ones((2, 3)))))
+    True
+    >>> rt.restack(nnx.state(planned.blocks), None)["fc"]["kernel"].shape
+    (4, 3, 3)
   """
   from flax import linen as nn
 
   if _is_nnx_class(block_cls):
-    return nnx_scan_layers(block_cls, length, policy=policy, group=group,
-                           remat=remat)
+    return _nnx_scan_layers(block_cls, length, policy=policy, group=group,
+                            remat=remat)
   if not (isinstance(block_cls, type) and issubclass(block_cls, nn.Module)):
     raise TypeError(
         f"scan_layers takes a linen or NNX Module class, got {block_cls!r}; "
@@ -479,80 +510,11 @@ class _NNXScanSpec:
   runs: tuple[scan_runs.Run, ...] | None = None
 
 
-def nnx_scan_layers(block_cls: type, length: int, *,
+def _nnx_scan_layers(block_cls: type, length: int, *,
                     policy: PolicyLike | Sequence[PolicyLike] = None,
                     group: GroupLike = 1, remat: bool = True) -> type:
-  """The NNX counterpart of :func:`scan_layers`.
-
-  Blocks are created stacked with ``nnx.vmap`` (rng streams split per layer,
-  so each layer has its own parameters and dropout keys) and applied with
-  ``nnx.scan`` over the stack; each remat region reads its policy at trace
-  time and uses ``prevent_cse=False``. With ``group > 1`` the state has the
-  leading shape ``(length // group, group)`` and an outer scan over remat
-  regions runs an inner scan over ``group`` blocks.
-
-  One policy per region (a per-layer plan) runs the stack as consecutive
-  scans of equal policy, as :func:`scan_layers` describes: ``blocks`` is
-  then an ``nnx.Dict`` of one stacked module per run (``blocks["run_0"]``,
-  ...), whose state is the rows of the single stack's (parameters, batch
-  statistics, rng keys and counts), so a seed gives the same model and the
-  same dropout masks whatever the plan. :func:`remat_toolkit.restack` moves
-  ``nnx.state(stack.blocks)`` between layouts.
-
-  Args:
-    block_cls: an NNX Module class, constructed as
-      ``block_cls(*args, rngs=rngs, **kwargs)``; its ``__call__(x, *args)``
-      returns a value shaped like ``x``.
-    length: number of blocks.
-    policy: one policy for every region (a policy name,
-      :class:`remat_toolkit.Policy`, raw JAX policy, or None for the
-      ambient policy), or one per remat region, in layer order (a
-      per-layer plan, a per-region Policy, a catalogue name of one, looked
-      up when the class is built, or a list of ``length // group``
-      policies), as for :func:`scan_layers`.
-    group: blocks per remat region, or ``"sqrt"`` (a divisor of ``length``).
-    remat: False gives the plain scan (the no-remat baseline).
-
-  Returns:
-    An NNX Module class: ``Stack(*args, rngs=rngs, **kwargs)`` builds the
-    blocks (attribute ``blocks``), ``stack(x, *call_args)`` applies them.
-
-  Raises:
-    ValueError: for a bad ``length`` or ``group``, an unknown policy name,
-      or a per-region policy that does not give exactly ``length // group``
-      policies in order.
-    TypeError: if ``block_cls`` is not an NNX Module class, or a policy is
-      not one.
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> from flax import nnx
-    >>> import remat_toolkit as rt
-    >>> class Block(nnx.Module):
-    ...   def __init__(self, width, *, rngs):
-    ...     self.fc = nnx.Linear(width, width, rngs=rngs)
-    ...   def __call__(self, x):
-    ...     return x + jnp.tanh(rt.tag(self.fc(x), "ffn.up"))
-    >>> stack = rt.nnx_scan_layers(Block, 4)(3, rngs=nnx.Rngs(0))
-    >>> stack.blocks.fc.kernel.shape
-    (4, 3, 3)
-    >>> stack(jnp.ones((2, 3))).shape
-    (2, 3)
-    >>> plan = ["boundary-only"] * 2 + ["save-ffn"] * 2
-    >>> planned = rt.nnx_scan_layers(Block, 4, policy=plan)(
-    ...     3, rngs=nnx.Rngs(0))
-    >>> planned.blocks["run_1"].fc.kernel.shape
-    (2, 3, 3)
-    >>> bool(jnp.allclose(planned(jnp.ones((2, 3))), stack(jnp.ones((2, 3)))))
-    True
-    >>> rt.restack(nnx.state(planned.blocks), None)["fc"]["kernel"].shape
-    (4, 3, 3)
-  """
-  if not _is_nnx_class(block_cls):
-    raise TypeError(
-        f"nnx_scan_layers takes an NNX Module class, got {block_cls!r}; "
-        "for linen modules use scan_layers.")
-  where = f"nnx_scan_layers({block_cls.__name__})"
+  """:func:`scan_layers` for an NNX Module class (see there)."""
+  where = f"scan_layers({block_cls.__name__})"
   length = _check_length(length)
   size = group_size(group, length, exact=True)
   runs = scan_runs.planned_runs(policy, length, size, where)
@@ -607,7 +569,7 @@ def _nnx_scan_call(spec: _NNXScanSpec, blocks: Any, x: Any,
   if spec.runs:
     return scan_runs.nnx_call(
         blocks, x, spec.runs, region, _nnx_scan_apply,
-        f"nnx_scan_layers({spec.block_cls.__name__})", spec.size)
+        f"scan_layers({spec.block_cls.__name__})", spec.size)
   if spec.remat:
     region = transform.remat_region(
         region, policy=spec.policy, prevent_cse=False,

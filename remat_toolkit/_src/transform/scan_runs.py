@@ -273,7 +273,7 @@ def _split(stack: Any, runs: Sequence[Run], where: str) -> Any:
 def restack(variables: Any, policy: Any) -> Any:
   """A scanned stack's variables in the layout ``policy`` gives it.
 
-  :func:`scan_layers` and :func:`nnx_scan_layers` give a stack with one
+  :func:`scan_layers` gives a stack with one
   policy per remat region one subtree of variables per run of equal policy
   (``run_0``, ``run_1``, ...; see :mod:`~remat_toolkit._src.transform.scan_runs`),
   and a stack with one policy the single scan's variables. This moves a
