@@ -106,15 +106,14 @@ for _, group in points:
 # that keep everything on device. Each point is a policy: to the right means
 # more memory kept, up means more recompute. Red points are Pareto-optimal and
 # the red line joins them; for a grey point, some red point is no further right
-# and no higher. The horizontal axis is logarithmic so that policies far apart in
-# memory stay readable (`comparison.plot()` returns the matplotlib axes, to adjust
-# like any other).
+# and no higher. The horizontal axis turns logarithmic when memory spans more
+# than 30x, so that policies far apart stay readable (`comparison.plot()`
+# returns the matplotlib axes, to adjust like any other).
 
 # %%
 on_device = [n for n in rt.list_policies() if not rt.get_policy(n).offloads]
 device_comparison = rt.compare(loss_fn, params, batch, policies=on_device)
 ax = device_comparison.plot()
-ax.set_xscale("log")
 
 # %% [markdown]
 # ## From the chart to a choice

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 
 __all__ = ["format_bytes", "format_flops", "text_table", "html_table", "parse_bytes",
-           "warnings_html"]
+           "warnings_html", "natural_key", "prose_html"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _PARSE_UNITS = {
@@ -122,23 +123,69 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
   return "\n".join(lines)
 
 
+_NUMERIC = re.compile(r"^[-+]?[\d.,]+(e[-+]?\d+)?\s*(%|x|[KMGTP]?i?B|[KMGTP]?FLOP|s)?$")
+
+
+def _is_numeric(cell: object) -> bool:
+  """Whether a cell reads as a number (``12.5 MiB``, ``3.2%``, ``4``)."""
+  return isinstance(cell, (int, float)) or bool(_NUMERIC.match(str(cell).strip()))
+
+
 def html_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
                *, caption: str | None = None,
                highlight: Sequence[bool] | None = None) -> str:
-  """A plain HTML table for notebooks (``highlight`` bolds whole rows)."""
-  out = ['<table style="border-collapse:collapse;font-family:monospace">']
+  """An HTML table for notebooks, laid out for reading.
+
+  Columns take the width of their content (notebook styles fix the layout
+  otherwise, wrapping names over lines), cells do not wrap, and a column
+  whose cells all read as numbers is right-aligned, as in the text tables.
+  ``highlight`` bolds whole rows.
+
+  Example:
+    >>> html_table(["policy", "bytes"], [["a", "1.0 KiB"]]).count("right")
+    2
+  """
+  columns = list(zip(*rows, strict=True)) if rows else [()] * len(headers)
+  align = ["right" if col and all(_is_numeric(c) or str(c) in ("-", "")
+                                  for c in col)
+           and any(_is_numeric(c) for c in col) else "left"
+           for col in columns]
+  cell = "padding:2px 8px;white-space:nowrap;text-align:{}"
+  out = ['<table style="border-collapse:collapse;font-family:monospace;'
+         'table-layout:auto;width:auto">']
   if caption:
     out.append(f"<caption style='text-align:left'>{html.escape(caption)}</caption>")
   out.append("<thead><tr>" + "".join(
-      f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>"
-      for h in headers) + "</tr></thead><tbody>")
+      f"<th style='{cell.format(a)}'>{html.escape(h)}</th>"
+      for h, a in zip(headers, align, strict=True)) + "</tr></thead><tbody>")
   for i, row in enumerate(rows):
-    bold = highlight is not None and highlight[i]
-    style = "padding:2px 8px" + (";font-weight:bold" if bold else "")
+    bold = ";font-weight:bold" if highlight is not None and highlight[i] else ""
     out.append("<tr>" + "".join(
-        f"<td style='{style}'>{html.escape(str(c))}</td>" for c in row) + "</tr>")
+        f"<td style='{cell.format(a)}{bold}'>{html.escape(str(c))}</td>"
+        for c, a in zip(row, align, strict=True)) + "</tr>")
   out.append("</tbody></table>")
   return "".join(out)
+
+
+def prose_html(text: str) -> str:
+  """A sentence as HTML: escaped, its ```code``` spans set as code.
+
+  Example:
+    >>> prose_html("run `remat-toolkit plan` <now>")
+    'run <code>remat-toolkit plan</code> &lt;now&gt;'
+  """
+  return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))
+
+
+def natural_key(text: str) -> tuple:
+  """Sorts ``layers_2`` before ``layers_10``: digit runs compare as numbers.
+
+  Example:
+    >>> sorted(["layers_10", "layers_2"], key=natural_key)
+    ['layers_2', 'layers_10']
+  """
+  return tuple(int(part) if part.isdigit() else part
+               for part in re.split(r"(\d+)", text))
 
 
 def warnings_html(warnings: Sequence[str]) -> str:

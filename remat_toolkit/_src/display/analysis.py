@@ -137,7 +137,13 @@ def _(report: ResidualReport) -> str:
 @to_dataframe.register
 def _(report: ResidualReport) -> Any:
   pd = require("pandas", "to_dataframe")
-  return pd.DataFrame([dataclasses.asdict(r) for r in report.residuals])
+  # What each residual is (its name, else its primitive or argument path)
+  # leads; columns no residual fills (no source, no sharding) are left out.
+  frame = pd.DataFrame([{"what": r.what, **dataclasses.asdict(r)}
+                        for r in report.residuals])
+  empty = [c for c in frame.columns
+           if frame[c].isna().all() or (frame[c] == "").all()]
+  return frame.drop(columns=empty)
 
 
 def _comparison_table(comparison: Comparison
@@ -283,8 +289,9 @@ def _(breakdown: Breakdown) -> str:
                          highlight=bold)
   lines = "<br>".join(html.escape(line, quote=False)
                       for line in breakdown_summary(breakdown))
-  return (f"<div>{table}<p style='font-family:monospace'>{lines}</p>"
-          f"<p>{html.escape(breakdown.verdict, quote=False)}</p></div>")
+  # The summary in the table's own font, the verdict as prose.
+  return (f"<div>{table}<p style='font-family:monospace;font-size:inherit'>"
+          f"{lines}</p><p>{fmt.prose_html(breakdown.verdict)}</p></div>")
 
 
 @to_dataframe.register

@@ -7,6 +7,7 @@ from typing import Any
 
 from remat_toolkit._src.core import format as fmt
 from remat_toolkit._src.display.common import require
+from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.results.base import summary_lines
 from remat_toolkit._src.results.base import to_dataframe
 from remat_toolkit._src.results.base import to_html
@@ -150,9 +151,15 @@ def _(plan: Plan) -> str:
                f"({best.recompute_percent:.1f}% recompute)")
   out.append(f"use: `with rt.use_policy(plan):`, or rt.register_policy(plan) / "
              f"rt.save_policy(plan, '{plan.policy.name}.toml')"
-             + (", or rt.remat_modules(model, plan.rules)" if plan.per_layer
-                else ""))
+             + (", or rt.remat_modules(model, plan.rules)"
+                if plan.per_layer and not _positional(plan) else ""))
   return "\n".join(out)
+
+
+def _positional(plan: Plan) -> bool:
+  """Whether a per-region plan keys regions by position (plain functions),
+  which ``plan.rules`` cannot name."""
+  return any(region_keys.is_positional(key) for key, _ in plan.policy.regions)
 
 
 @to_html.register

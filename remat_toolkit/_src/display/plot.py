@@ -10,6 +10,7 @@ from remat_toolkit._src.core.pareto import pareto_flags
 from remat_toolkit._src.display.common import require
 from remat_toolkit._src.results import base
 from remat_toolkit._src.results.analysis import Comparison
+from remat_toolkit._src.results.planning import FIELD_PREFIXES
 from remat_toolkit._src.results.planning import Frontier
 
 # ======================================================== the one plot
@@ -52,42 +53,38 @@ def _(frontier: Frontier) -> list[PlotPoint]:
 @base.plot.register(Comparison)
 @base.plot.register(Frontier)
 def plot(result: Any, ax: Any = None) -> Any:
-  """Memory kept (x, MiB) vs recompute (y, % of a no-remat step).
+  """Memory kept (x) vs recompute (y, % of a no-remat step).
 
   Pareto-optimal points are red and joined by a step line (from each, the
   least recompute affordable until the next); plans, when present, are
   triangles, per-region plans diamonds, and the named policies' own front
   is drawn dashed beside them, so the gain of mixing policies per region
-  shows as the gap. Named policies are labelled. Needs matplotlib.
+  shows as the gap. Named policies are labelled, each label placed where it
+  overlaps no other label and no point and stays inside the axes. Memory is
+  in MiB or GiB by its size, on a log axis when it spans more than 30x.
+  Needs matplotlib.
 
   Returns:
     The matplotlib axes drawn on (a new figure's when ``ax`` is None).
   """
   require("matplotlib", "plot")
   import matplotlib.pyplot as plt
+  from matplotlib.ticker import FuncFormatter
   if ax is None:
-    _, ax = plt.subplots(figsize=(7, 4.5))
+    _, ax = plt.subplots(figsize=(8, 5))
   points = plot_points(result)
+  largest = max((p.activation_bytes for p in points), default=0)
+  unit, scale = ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
   for kind, marker, label in (((False, False), "o", "named policy"),
                               ((True, False), "^", "plan"),
                               ((True, True), "D", "per-region plan")):
     group = [p for p in points if (p.planned, p.per_region) == kind]
     if group:
-      ax.scatter([p.activation_bytes / 2**20 for p in group],
+      ax.scatter([p.activation_bytes / scale for p in group],
                  [p.recompute_percent for p in group], marker=marker,
                  c=["tab:red" if p.on_front else "tab:gray" for p in group],
-                 label=label)
-  # Policies that keep the same share one point and one label.
-  labels: dict[tuple[int, float], list[str]] = {}
-  for p in points:
-    if not p.planned:
-      labels.setdefault((p.activation_bytes, p.recompute_percent),
-                        []).append(p.label)
-  for (nbytes, percent), names in labels.items():
-    text = names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
-    ax.annotate(text, (nbytes / 2**20, percent), fontsize=7, xytext=(3, 3),
-                textcoords="offset points")
-  front = sorted((p.activation_bytes / 2**20, p.recompute_percent)
+                 label=label, zorder=2)
+  front = sorted((p.activation_bytes / scale, p.recompute_percent)
                  for p in points if p.on_front)
   if front:
     ax.step(*zip(*front, strict=True), where="post", color="tab:red", lw=1)
@@ -95,15 +92,83 @@ def plot(result: Any, ax: Any = None) -> Any:
     named = [(p.activation_bytes, p.recompute_percent) for p in points
              if not p.planned]
     flags = pareto_flags(named)
-    uniform = sorted((b / 2**20, r) for (b, r), f in zip(named, flags,
-                                                          strict=True) if f)
+    uniform = sorted((b / scale, r) for (b, r), f in zip(named, flags,
+                                                         strict=True) if f)
     if uniform:
       ax.step(*zip(*uniform, strict=True), where="post", color="tab:gray",
               lw=1, ls="--", label="named policies' front")
-  ax.set_xlabel("activation memory kept (MiB)")
+  smallest = min((p.activation_bytes for p in points if p.activation_bytes),
+                 default=0)
+  if smallest and largest / smallest > 30:
+    ax.set_xscale("log")
+  ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+  ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+  ax.set_xlabel(f"activation memory kept ({unit})")
   ax.set_ylabel("recompute FLOPs (% of a no-remat step)")
   ax.set_title("remat: memory vs recompute")
   if any(p.planned for p in points):
-    ax.legend()
+    ax.legend(loc="upper right")
+  # Policies that keep the same share one point and one label.
+  labels: dict[tuple[int, float], list[str]] = {}
+  for p in points:
+    if not p.planned:
+      labels.setdefault((p.activation_bytes, p.recompute_percent),
+                        []).append(p.label)
+  # A point several policies share is named after ours, not the field's.
+  for names in labels.values():
+    names.sort(key=lambda n: n.startswith(FIELD_PREFIXES))
+  _place_labels(ax, [(nbytes / scale, percent,
+                      names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else ""))
+                     for (nbytes, percent), names in labels.items()],
+                [(p.activation_bytes / scale, p.recompute_percent) for p in points])
   return ax
 
+
+#: Where a label may go, in points from its point: right, left, above, below.
+_OFFSETS = ((4, 3), (4, -9), (-4, 3), (-4, -9), (4, 10), (-4, 10), (4, -16),
+            (-4, -16), (4, 17), (-4, 17), (4, -23), (-4, -23))
+_FONT = 7
+
+
+def _place_labels(ax: Any, labels: list[tuple[float, float, str]],
+                  points: list[tuple[float, float]]) -> None:
+  """Annotates each ``(x, y, text)`` at the first offset of :data:`_OFFSETS`
+  whose box overlaps no label placed before, no point and no axes edge
+  (the least overlapping one when none is free)."""
+  fig = ax.figure
+  ax.autoscale_view()
+  to_pixels = ax.transData.transform
+  per_point = fig.dpi / 72
+  left, bottom, right, top = ax.get_window_extent().extents
+  dots = [tuple(to_pixels(xy)) for xy in points]
+  placed: list[tuple[float, float, float, float]] = []
+
+  def overlap(a, b) -> float:
+    dx = min(a[2], b[2]) - max(a[0], b[0])
+    dy = min(a[3], b[3]) - max(a[1], b[1])
+    return dx * dy if dx > 0 and dy > 0 else 0.0
+
+  # Left to right, lowest first: the front's labels are placed first.
+  for x, y, text in sorted(labels, key=lambda item: (item[0], item[1])):
+    px, py = to_pixels((x, y))
+    width = 0.6 * _FONT * len(text) * per_point
+    height = 1.2 * _FONT * per_point
+    best = None
+    for dx, dy in _OFFSETS:
+      x0 = px + dx * per_point - (width if dx < 0 else 0)
+      y0 = py + dy * per_point
+      box = (x0, y0, x0 + width, y0 + height)
+      outside = (max(left - box[0], 0) + max(box[2] - right, 0)
+                 + max(bottom - box[1], 0) + max(box[3] - top, 0)) * height
+      cost = (outside + sum(overlap(box, b) for b in placed)
+              + sum(overlap(box, (qx - 3, qy - 3, qx + 3, qy + 3))
+                    for qx, qy in dots))
+      if best is None or cost < best[0]:
+        best = (cost, dx, dy, box)
+      if cost == 0:
+        break
+    _, dx, dy, box = best
+    placed.append(box)
+    ax.annotate(text, (x, y), fontsize=_FONT, xytext=(dx, dy),
+                textcoords="offset points", ha="right" if dx < 0 else "left",
+                zorder=3)

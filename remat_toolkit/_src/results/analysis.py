@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remat_toolkit._src.core.format import format_bytes
+from remat_toolkit._src.core.format import natural_key
 from remat_toolkit._src.core.pareto import pareto_flags
 from remat_toolkit._src.policies.findings import SELECTS_NOTHING
 from remat_toolkit._src.results import base as render
@@ -99,7 +100,8 @@ def _group(residuals: Iterable[Residual], key: Callable[[Residual], str]
   out: dict[str, int] = defaultdict(int)
   for r in residuals:
     out[key(r)] += r.nbytes
-  return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+  # Largest first; equal groups (identical layers) in layer order.
+  return dict(sorted(out.items(), key=lambda kv: (-kv[1], natural_key(kv[0]))))
 
 
 def module_prefix(module_path: str, depth: int | None) -> str:
