@@ -505,7 +505,7 @@ _PRIVATE = re.compile(r"jax\._src|from flax\.core import lift|flax\.core\.lift\b
 
 def test_only_the_compat_layer_touches_jax_and_flax_internals():
   import pathlib
-  package = pathlib.Path(compat.__file__).parent.parent
+  package = pathlib.Path(compat.__file__).parents[2]  # remat_toolkit/
   offenders = []
   for path in sorted(package.rglob("*.py")):
     if path.relative_to(package).as_posix() == "_src/core/compat.py":

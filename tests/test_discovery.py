@@ -309,7 +309,7 @@ def test_summary_in_a_notebook_is_a_table_of_regions():
   html = summary._repr_html_()
   assert "<pre>" not in html and "rules matched Block in GPT" in html
   assert html.count("<tr>") == 3  # the header and one row per region
-  assert "<td style='padding:2px 8px'>h/1</td>" in html
+  assert ">h/1</td>" in html
   not_run = RematSummary(model="GPT", auto=True, ran=False)
   assert not_run._repr_html_().startswith("<p")
   assert "call its init or apply first" in not_run._repr_html_()

@@ -619,8 +619,8 @@ def test_nnx_scan_layers_with_dropout_matches_no_remat():
 
 
 def test_nnx_scan_layers_rejects_bad_input():
-  with pytest.raises(TypeError, match="NNX Module class"):
-    rt.scan_layers(Layer, 4)
+  with pytest.raises(TypeError, match="linen or NNX Module class"):
+    rt.scan_layers(NNXLayer(2, rngs=nnx.Rngs(0)), 4)  # an instance
   with pytest.raises(ValueError, match="does not divide"):
     rt.scan_layers(NNXLayer, 4, group=3)
   with pytest.raises(ValueError):

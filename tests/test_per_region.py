@@ -223,8 +223,8 @@ def test_cli_plan_per_layer(capsys, tmp_path):
 
 def test_a_region_the_policy_does_not_name_keeps_its_inputs_and_says_so():
   partial = rt.Policy(name="partial", regions={"#0": "save-everything"})
-  with pytest.warns(UserWarning, match=r"'partial' has no policy for remat "
-                    r"region '#1'.*boundary-only"):
+  with pytest.warns(UserWarning, match=r"'partial' has no policy for the remat "
+                    r"region\(s\) '#1'.*boundary-only"):
     with rt.use_policy(partial):
       jax.make_jaxpr(jax.grad(loss))(*ARGS)
   report = rt.analyze(loss, *ARGS, policy=partial)

@@ -183,7 +183,7 @@ def test_linen_without_tag_outputs_warns(monkeypatch):
   findings.forget_trace_warnings()
   model = rt.remat_modules(Model(), {"Block": "save-attention"},
                            tag_outputs=False)
-  with pytest.warns(UserWarning, match="save-attention.*no checkpoint names"):
+  with pytest.warns(UserWarning, match="save-attention.*holds no checkpoint name"):
     kept = named(residuals(linen_loss(model), VARIABLES))
   assert kept == set()
 

@@ -482,7 +482,7 @@ def test_jax_reads_the_remat3_flag_from_the_environment(value, expected):
   env = {**os.environ, "JAX_REMAT3": value, "JAX_PLATFORMS": "cpu"}
   done = subprocess.run(
       [sys.executable, "-c",
-       "from remat_toolkit._src import compat as c; print(c.remat3_enabled())"],
+       "from remat_toolkit._src.core import compat as c; print(c.remat3_enabled())"],
       env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == str(expected)

@@ -61,7 +61,7 @@ def test_installed_wheel_finds_its_policies(wheel, tmp_path):
   with zipfile.ZipFile(wheel) as zf:
     zf.extractall(site)
   script = (
-      "import json, remat_toolkit as rt; from remat_toolkit._src import catalog; "
+      "import json, remat_toolkit as rt; from remat_toolkit._src.policies import catalog; "
       "print(json.dumps([rt.__file__, str(catalog.builtin_policy_dir()), "
       "rt.list_policies()]))")
   # cwd outside the checkout, so the wheel's copy is the one imported.
