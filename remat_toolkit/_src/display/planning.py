@@ -81,12 +81,16 @@ def region_runs(plan: Plan) -> list[tuple[str, int, Any]]:
 
 
 def _plan_region_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
+  """One row per run of regions; the offload column only where one offloads."""
+  runs = region_runs(plan)
+  offloads = any(row.offloaded_bytes for _, _, row in runs)
   body = [[label, str(count), row.policy, fmt.format_bytes(row.activation_bytes),
-           fmt.format_bytes(row.offloaded_bytes) if row.offloaded_bytes else "-",
+           *([fmt.format_bytes(row.offloaded_bytes) if row.offloaded_bytes
+              else "-"] if offloads else []),
            fmt.format_flops(row.recompute_flops)]
-          for label, count, row in region_runs(plan)]
-  return ["regions", "count", "policy", "keeps (each)", "offloads (each)",
-          "recompute (each)"], body
+          for label, count, row in runs]
+  return ["regions", "count", "policy", "keeps",
+          *(["offloads"] if offloads else []), "recomputes"], body
 
 
 def _planned_policies(plan: Plan) -> list[tuple[str, str]]:
@@ -132,9 +136,10 @@ def _(plan: Plan) -> str:
   out = plan_summary_lines(plan)
   if plan.per_layer:
     headers, body = _plan_region_rows(plan)
-    out += ["", "per region (keeps: bytes beyond the region's inputs):",
-            fmt.text_table(headers, body,
-                           right=[False, True, False, True, True, True])]
+    out += ["", "per region (each region's figures; keeps: bytes beyond its "
+            "inputs):",
+            fmt.text_table(headers, body, right=[
+                h not in ("regions", "policy") for h in headers])]
     out += [f"  {name}: {what}" for name, what in _planned_policies(plan)]
   if plan.groups:
     headers, body = _plan_group_rows(plan)
