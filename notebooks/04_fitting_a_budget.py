@@ -169,9 +169,9 @@ assert len(jax_lines) == len(per_layer.report.residuals)
 
 # %%
 dense = rt.frontier(loss_fn, params, batch, per_layer=True)
-ax = dense.plot()
-ax.set_xlim(right=1.15 * max(p.activation_bytes for p in dense.points
-                             if p.source != "named") / 2**20)
+# The memory axis ends past the largest plan: save-everything, far right, is left out.
+ax = dense.plot(max_bytes=1.15 * max(p.activation_bytes for p in dense.points
+                                     if p.source != "named"))
 per_region_points = [p for p in dense.points if p.source == "per-region plan"]
 print(f"{len(per_region_points)} per-region plans between "
       f"{per_region_points[0].activation_bytes / GiB:.2f} and "

@@ -52,7 +52,7 @@ def _(frontier: Frontier) -> list[PlotPoint]:
 
 @base.plot.register(Comparison)
 @base.plot.register(Frontier)
-def plot(result: Any, ax: Any = None) -> Any:
+def plot(result: Any, ax: Any = None, *, max_bytes: int | None = None) -> Any:
   """Memory kept (x) vs recompute (y, % of a no-remat step).
 
   Pareto-optimal points are red and joined by a step line (from each, the
@@ -64,6 +64,12 @@ def plot(result: Any, ax: Any = None) -> Any:
   in MiB or GiB by its size, on a log axis when it spans more than 30x.
   Needs matplotlib.
 
+  Args:
+    result: a :class:`Comparison` or a :class:`Frontier`.
+    ax: the axes to draw on (default: a new figure's).
+    max_bytes: where the memory axis ends (points beyond are out of view
+      and unlabelled); default: past the largest point.
+
   Returns:
     The matplotlib axes drawn on (a new figure's when ``ax`` is None).
   """
@@ -73,7 +79,8 @@ def plot(result: Any, ax: Any = None) -> Any:
   if ax is None:
     _, ax = plt.subplots(figsize=(8, 5))
   points = plot_points(result)
-  largest = max((p.activation_bytes for p in points), default=0)
+  largest = (max_bytes if max_bytes is not None
+             else max((p.activation_bytes for p in points), default=0))
   unit, scale = ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
   for kind, marker, label in (((False, False), "o", "named policy"),
                               ((True, False), "^", "plan"),
@@ -97,10 +104,15 @@ def plot(result: Any, ax: Any = None) -> Any:
     if uniform:
       ax.step(*zip(*uniform, strict=True), where="post", color="tab:gray",
               lw=1, ls="--", label="named policies' front")
-  smallest = min((p.activation_bytes for p in points if p.activation_bytes),
+  shown = [p for p in points
+           if max_bytes is None or p.activation_bytes <= max_bytes]
+  smallest = min((p.activation_bytes for p in shown if p.activation_bytes),
                  default=0)
-  if smallest and largest / smallest > 30:
+  top = max((p.activation_bytes for p in shown), default=0)
+  if smallest and top / smallest > 30:
     ax.set_xscale("log")
+  if max_bytes is not None:
+    ax.set_xlim(right=max_bytes / scale)
   ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
   ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
   ax.set_xlabel(f"activation memory kept ({unit})")
@@ -110,7 +122,7 @@ def plot(result: Any, ax: Any = None) -> Any:
     ax.legend(loc="upper right")
   # Policies that keep the same share one point and one label.
   labels: dict[tuple[int, float], list[str]] = {}
-  for p in points:
+  for p in shown:
     if not p.planned:
       labels.setdefault((p.activation_bytes, p.recompute_percent),
                         []).append(p.label)
@@ -120,7 +132,7 @@ def plot(result: Any, ax: Any = None) -> Any:
   _place_labels(ax, [(nbytes / scale, percent,
                       names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else ""))
                      for (nbytes, percent), names in labels.items()],
-                [(p.activation_bytes / scale, p.recompute_percent) for p in points])
+                [(p.activation_bytes / scale, p.recompute_percent) for p in shown])
   return ax
 
 

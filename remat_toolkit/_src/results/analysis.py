@@ -453,10 +453,14 @@ class Comparison(Result):
             "regions": self.regions, "warnings": list(self.warnings)}
 
 
-  def plot(self, ax=None):
+  def plot(self, ax=None, *, max_bytes: int | None = None):
     """Memory (x) vs recompute (y), Pareto front joined (needs matplotlib);
-    returns the axes."""
-    return render.plot(self, ax=ax)
+    returns the axes.
+
+    ``max_bytes`` ends the memory axis there (points beyond are left
+    out of view and unlabelled), to look closely at the low end.
+    """
+    return render.plot(self, ax=ax, max_bytes=max_bytes)
 
 
 #: The categories of a breakdown, in display order.

@@ -413,10 +413,14 @@ class Frontier(Result):
              "recompute_percent": p.recompute_percent, "budget": p.budget,
              "on_frontier": p.on_frontier} for p in self.points]
 
-  def plot(self, ax=None):
+  def plot(self, ax=None, *, max_bytes: int | None = None):
     """Memory (x) vs recompute (y), frontier joined, plans marked (needs
-    matplotlib); returns the axes."""
-    return render.plot(self, ax=ax)
+    matplotlib); returns the axes.
+
+    ``max_bytes`` ends the memory axis there (points beyond are left
+    out of view and unlabelled), to look closely at the low end.
+    """
+    return render.plot(self, ax=ax, max_bytes=max_bytes)
 
   def to_dict(self) -> dict[str, Any]:
     return {"points": self.rows(), "skipped": dict(self.skipped),
