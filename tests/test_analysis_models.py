@@ -1,4 +1,4 @@
-"""The analyzer on the built-in GPT: the seed example, FLOPs, CLI."""
+"""The analyzer on the built-in GPT: the worked example, FLOPs, CLI."""
 
 import contextlib
 import io

@@ -208,7 +208,7 @@ CONFIGS: dict[str, GPTConfig] = {
                   norm="rmsnorm", tie_embeddings=False, use_bias=False,
                   norm_eps=1e-6,
                   dtype="bfloat16", param_dtype="bfloat16"),
-        # The worked example of the seeds: 24 blocks grouped into regions.
+        # The worked example of the docs: 24 blocks grouped into regions.
         GPTConfig(name="seed-example", vocab_size=50257, num_layers=24,
                   d_model=4096, num_heads=32, d_ff=16384, seq_len=2048,
                   batch_size=2, dtype="bfloat16", param_dtype="bfloat16"),
