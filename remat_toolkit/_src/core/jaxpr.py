@@ -175,19 +175,28 @@ def argument_vars(jaxpr: Jaxpr) -> set[Any]:
 
   def visit(j: Jaxpr) -> None:
     for eqn in j.eqns:
-      passed = [is_jaxpr_var(a) and a in found for a in eqn.invars]
-      if compat.is_scan(eqn):
-        consts = compat.scan_num_consts(eqn)
-        carries = compat.scan_num_carry(eqn)
-        passed = [p and not consts <= i < consts + carries
-                  for i, p in enumerate(passed)]
+      _pass_into_bodies(eqn, [is_jaxpr_var(a) and a in found
+                              for a in eqn.invars], found)
       for sub in sub_jaxprs(eqn):
-        if len(sub.invars) == len(passed):
-          found.update(v for v, p in zip(sub.invars, passed, strict=True) if p)
         visit(sub)
 
   visit(jaxpr)
   return found
+
+
+def _pass_into_bodies(eqn: JaxprEqn, passed: list[bool], found: set[Any]
+                      ) -> None:
+  """Adds to ``found`` the inputs of ``eqn``'s bodies that receive an input
+  of ``eqn`` flagged in ``passed`` as it is: one to one, except a scan's
+  carries, which each step computes anew."""
+  if compat.is_scan(eqn):
+    consts = compat.scan_num_consts(eqn)
+    carries = compat.scan_num_carry(eqn)
+    passed = [p and not consts <= i < consts + carries
+              for i, p in enumerate(passed)]
+  for sub in sub_jaxprs(eqn):
+    if len(sub.invars) == len(passed):
+      found.update(v for v, p in zip(sub.invars, passed, strict=True) if p)
 
 
 def names_in(jaxpr: Jaxpr) -> frozenset[str]:
@@ -607,15 +616,8 @@ def parameter_vars(jaxpr: Jaxpr) -> set[Any]:
         found.update(o for v, o in zip(body.outvars, eqn.outvars, strict=True)
                      if held(v) and is_jaxpr_var(o))
         continue
-      passed = [held(a) for a in eqn.invars]
-      if compat.is_scan(eqn):
-        consts = compat.scan_num_consts(eqn)
-        carries = compat.scan_num_carry(eqn)
-        passed = [p and not consts <= i < consts + carries
-                  for i, p in enumerate(passed)]
+      _pass_into_bodies(eqn, [held(a) for a in eqn.invars], found)
       for sub in sub_jaxprs(eqn):
-        if len(sub.invars) == len(passed):
-          found.update(v for v, p in zip(sub.invars, passed, strict=True) if p)
         visit(sub)
 
   visit(jaxpr)
