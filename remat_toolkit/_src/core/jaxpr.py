@@ -420,7 +420,7 @@ def count_region_matmuls(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
   counts say which kinds are present, not how often they run.
   """
   seen: set[int] = set()
-  kinds = {"unbatched_dots": 0, "batched_dots": 0, "convs": 0}
+  total = MatmulCounts()
   for region in walk(jaxpr):
     if not (compat.is_remat(region) and in_region(region)):
       continue
@@ -428,13 +428,10 @@ def count_region_matmuls(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
     if id(body) in seen:
       continue
     seen.add(id(body))
-    for eqn in walk(body, descend=_seen_by_policies):
-      if eqn.primitive.name == "conv_general_dilated":
-        kinds["convs"] += 1
-      elif eqn.primitive.name == "dot_general":
-        (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
-        kinds["batched_dots" if lhs_batch else "unbatched_dots"] += 1
-  return MatmulCounts(**kinds)
+    found = _matmul_counts(body)
+    total = MatmulCounts(*(a + b for a, b in zip(
+        dataclasses.astuple(total), dataclasses.astuple(found), strict=True)))
+  return total
 
 
 # ---------------------------------------------------------------- kernels
