@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from remat_toolkit._src.analysis.diagnose import KERNEL_KINDS
 from remat_toolkit._src.analysis.diagnose import policy_warnings
 from remat_toolkit._src.analysis.diagnose import unmatched_names_warning
 from remat_toolkit._src.analysis.trace import TracedProgram
@@ -55,6 +56,7 @@ from remat_toolkit._src.core.inputs import random_inputs
 from remat_toolkit._src.policies import findings
 from remat_toolkit._src.policies import lowering
 from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import PolicyLike
@@ -198,7 +200,7 @@ def _leaves_out(policy: Policy, present: frozenset[str]) -> bool:
   return any(not policy.matches(name) for name in present)
 
 
-def _effect_warnings(program: TracedProgram) -> list[str]:
+def _effect_warnings(program: TracedProgram) -> list[Finding]:
   out = []
   for site in _jaxpr.effects_in_remat_regions(program.jaxpr.jaxpr):
     where = site.source or site.module_path or "the traced function"
@@ -212,12 +214,12 @@ def _effect_warnings(program: TracedProgram) -> list[str]:
       text += "; harmless only if the callback really is pure"
     else:
       text += "; move it out of the region or expect it to repeat"
-    out.append(text + ".")
+    out.append(Finding(text + ".", "effects"))
   return out
 
 
 def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
-                     program: TracedProgram) -> str | None:
+                     program: TracedProgram) -> Finding | None:
   leaves, treedef = jax.tree_util.tree_flatten(args)
   del leaves
 
@@ -231,19 +233,22 @@ def _retrace_warning(fn: Callable[..., Any], args: Sequence[Any],
   difference = _jaxpr.trace_difference(program.jaxpr, second)
   if difference is None:
     return None
-  return (f"fn traced differently the second time ({difference}): it reads "
-          "Python-side state (a counter, random.random(), a global) while "
-          "tracing, so every retrace under jit bakes in other values; pass "
-          "that state as an argument instead.")
+  return Finding(
+      f"fn traced differently the second time ({difference}): it reads "
+      "Python-side state (a counter, random.random(), a global) while "
+      "tracing, so every retrace under jit bakes in other values; pass that "
+      "state as an argument instead.", "traced-differently")
 
 
-def _remat3_warning(policy: Policy) -> str | None:
+def _remat3_warning(policy: Policy) -> Finding | None:
   if (policy.is_jax_policy and compat.remat3_enabled()
       and not compat.remat3_honours(policy.jax_policy)):
-    return (f"jax_remat3 is on and jax {jax.__version__}'s remat3 does not "
-            f"honour the JAX policy {policy.name!r} (only JAX's own policy "
-            "classes, everything_saveable and nothing_saveable): every region "
-            "recomputes everything; use a named remat_toolkit policy.")
+    return Finding(
+        f"jax_remat3 is on and jax {jax.__version__}'s remat3 does not honour "
+        f"the JAX policy {policy.name!r} (only JAX's own policy classes, "
+        "everything_saveable and nothing_saveable): every region recomputes "
+        "everything; use a named remat_toolkit policy.", "ignored-by-remat3",
+        policy.name)
   return None
 
 
@@ -312,7 +317,8 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   _check_options(rtol, atol, seed)
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   program = TracedProgram(fn, args)
-  residuals = program.residuals(resolved)
+  report = program.report(resolved)
+  residuals = list(report.residuals)
   kept = _residual_signature(residuals)
 
   # Shared with every other entry point: regions that do not take the
@@ -323,6 +329,9 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
     if extra:
       warnings.append(extra)
   warnings.extend(_effect_warnings(program))
+  # What the report finds about kernels and attention, said here too.
+  warnings.extend(w for w in report.warnings
+                  if getattr(w, "kind", None) in KERNEL_KINDS)
 
   default = default_tolerances(_jaxpr.float_dtypes_in(program.jaxpr.jaxpr))
   rtol = default[0] if rtol is None else float(rtol)

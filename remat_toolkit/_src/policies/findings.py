@@ -51,6 +51,7 @@ KINDS: dict[str, str] = {
     "activation-matmuls": "a matmul policy keeps S x S attention logits",
     "effects": "effects inside remat regions run again in the recompute",
     "traced-differently": "the function traces differently each time",
+    "ignored-by-remat3": "jax_remat3 ignores a JAX policy: full recompute",
     "unrunnable": "the policy cannot run on this JAX now",
     "note": "how a figure was measured",
 }
