@@ -61,7 +61,7 @@ EXPECTED = {
     "04_fitting_a_budget.py": [
         "dominant:",  # the memory breakdown
         "activation budget",  # the plan's summary
-        "per region (keeps",  # the per-region plan's table
+        "per region (each region",  # the per-region plan's table
         "per-region plans between",  # the dense frontier
         "loaded policy",
     ],
