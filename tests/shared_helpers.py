@@ -38,6 +38,10 @@ test using a name outside its module's ``__all__``.
   gradient accumulation, whose parameters no result shows.
 - ``test_inputs.py``: ``core.inputs`` -- white-box: the synthetic inputs made for
   abstract arguments, whose values no result shows.
+- ``test_cli_output.py``: ``cli.shared`` -- white-box: the output helper's branch
+  for JSON without a place for warnings, which no command's result reaches.
+- ``test_find_blocks.py``: ``transform.discovery`` -- white-box: the block
+  heuristic of ``rt.remat_modules`` on hand-made module trees.
 - ``test_internals.py``: ``analysis.trace``, ``core.jaxpr`` -- internal
   invariants whose only visible effect is that public figures do not change
   (identical layers traced as one shared body).
@@ -269,6 +273,8 @@ def without_dead_code(jaxpr):
   return compat.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
 
 
+#: ``device_put`` equations moving values to host memory, sub-jaxprs included.
+count_host_offloads = _jaxpr.count_host_offloads
 #: Whether an equation is a remat region, or a scan (linearized ones too).
 is_remat = compat.is_remat
 is_scan = compat.is_scan
@@ -291,6 +297,14 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
   return status, out.getvalue(), err.getvalue()
 
 
+def policy_sources() -> dict[str, str]:
+  """Where each policy in the catalogue comes from, as ``remat-toolkit list
+  --json`` says: a file's path, ``"python"``, or the baselines' note."""
+  status, out, err = run_cli("list", "--json")
+  assert status == 0, err
+  return {p["name"]: p["source"] for p in json.loads(out)}
+
+
 # ---------------------------------------------------------------- gradients
 
 def grad_of(loss, *args):
@@ -303,6 +317,65 @@ def grad_of(loss, *args):
   flat = compat.eval_jaxpr(closed.jaxpr, closed.consts,
                            *jax.tree.leaves(args))
   return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
+
+
+#: XLA options for the tests' gradient programs: LLVM optimisation off
+#: compiles two to three times faster on CPU; the HLO passes (fusion, CSE,
+#: remat's optimisation barriers) still run.
+QUICK_XLA = {"xla_backend_optimization_level": 0,
+             "xla_llvm_disable_expensive_passes": True}
+#: Relative tolerance of a gradient check, by the dtype the model computes in.
+GRADIENT_RTOL = {"float32": 1e-5, "bfloat16": 1e-2}
+
+
+def assert_gradients_close(got, want, rtol, label=""):
+  """``(loss, grads)`` pairs equal norm-wise, as ``rt.verify`` compares them.
+
+  The loss is measured against its own size; every gradient leaf against
+  the largest gradient entry of all leaves, so rounding noise on a leaf whose
+  exact gradient is zero is not a large relative error. Non-finite entries
+  must sit in the same places.
+  """
+  (got_loss, got_grads), (want_loss, want_grads) = got, want
+  got_leaves = jax.tree.leaves(got_grads)
+  want_leaves = jax.tree.leaves(want_grads)
+  assert len(got_leaves) == len(want_leaves), label
+  scale = max((float(np.max(np.abs(np.asarray(w, np.float64)), initial=0.0))
+               for w in want_leaves), default=0.0)
+  pairs = [(got_loss, want_loss, abs(float(want_loss)))]
+  pairs += [(g, w, scale) for g, w in zip(got_leaves, want_leaves, strict=True)]
+  for i, (g, w, size) in enumerate(pairs):
+    g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+    assert np.array_equal(np.isfinite(g), np.isfinite(w)), (label, i)
+    finite = np.isfinite(w)
+    diff = float(np.max(np.abs(g - w)[finite], initial=0.0))
+    assert diff <= rtol * size, (label, "loss" if i == 0 else f"leaf {i - 1}",
+                                 diff, size)
+
+
+def concrete(tree, seed=0):
+  """``tree`` with its ``jax.ShapeDtypeStruct`` leaves made arrays.
+
+  Floats are ``N(0, 1/fan_in)`` (fan-in: the second-to-last axis), so
+  activations stay of order one; integers and booleans are zeros (valid
+  token ids and masks); PRNG keys are split from ``seed``.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  keys = jax.random.split(jax.random.key(seed), max(len(leaves), 1))
+  out = []
+  for key, leaf in zip(keys, leaves, strict=False):
+    if not isinstance(leaf, jax.ShapeDtypeStruct):
+      out.append(leaf)
+    elif jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      out.append(jax.random.split(key, max(1, math.prod(leaf.shape))).reshape(
+          leaf.shape))
+    elif jnp.issubdtype(leaf.dtype, jnp.inexact):
+      fan_in = leaf.shape[-2] if len(leaf.shape) >= 2 else 1
+      out.append((jax.random.normal(key, leaf.shape) / math.sqrt(max(fan_in, 1))
+                  ).astype(leaf.dtype))
+    else:
+      out.append(jnp.zeros(leaf.shape, leaf.dtype))
+  return jax.tree.unflatten(treedef, out)
 
 
 def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):

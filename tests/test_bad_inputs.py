@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
+from shared_helpers import policy_sources
 from shared_helpers import remat3
 from shared_helpers import remat3_offloads
 from shared_helpers import run_cli
@@ -343,12 +344,10 @@ def _under_remat3(call):
 def _state() -> tuple:
   """What a failed call must not change: each policy, where it comes from,
   and the ambient policy."""
-  status, out, err = run_cli("list", "--json")
-  assert status == 0, err
-  listed = [(p["name"], p["source"]) for p in json.loads(out)]
   names = rt.list_policies()
-  assert [name for name, _ in listed] == names
-  return (tuple(listed), tuple(rt.get_policy(n) for n in names),
+  sources = policy_sources()
+  assert list(sources) == names
+  return (tuple(sources.items()), tuple(rt.get_policy(n) for n in names),
           rt.current_policy())
 
 
