@@ -42,6 +42,8 @@ test using a name outside its module's ``__all__``.
   for JSON without a place for warnings, which no command's result reaches.
 - ``test_find_blocks.py``: ``transform.discovery`` -- white-box: the block
   heuristic of ``rt.remat_modules`` on hand-made module trees.
+- ``test_group_size.py``: ``transform.grouping`` -- white-box: layers per region
+  for a group size, a pure function, over many layer counts.
 - ``test_internals.py``: ``analysis.trace``, ``core.jaxpr`` -- internal
   invariants whose only visible effect is that public figures do not change
   (identical layers traced as one shared body).
@@ -254,8 +256,15 @@ def run_on_simulated_devices(script, *args, count=8):
 # ---------------------------------------------------------------- programs
 
 def remat_bodies(jaxpr):
-  """The bodies of the remat regions at the top level of ``jaxpr``."""
-  return [compat.remat_body_of(e) for e in jaxpr.eqns if compat.is_remat(e)]
+  """The bodies of every remat region in ``jaxpr``, in program order: those
+  inside scans and inside other regions included."""
+  bodies = []
+  for eqn in jaxpr.eqns:
+    if compat.is_remat(eqn):
+      bodies.append(compat.remat_body_of(eqn))
+    for sub in _jaxpr.sub_jaxprs(eqn):
+      bodies.extend(remat_bodies(sub))
+  return bodies
 
 
 #: Remat regions in a jaxpr, nested ones and those inside scans included.
