@@ -57,6 +57,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from contextlib import redirect_stderr
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -221,6 +222,21 @@ def jax_kinds(fn, args, policy):
                 for r in jax_residuals(fn, *args, policy=policy))
 
 
+def reports_of(fn, args, policies):
+  """``rt.analyze`` of ``fn`` under each policy, in order, on one trace.
+
+  Through ``rt.compare``, under names of their own (policies of one name
+  would share a row); what the reports warn about is not these tests' subject.
+  """
+  policies = [rt.get_policy(p) if isinstance(p, str) else p for p in policies]
+  renamed = [dataclasses.replace(p, name=f"policy-{i}")
+             for i, p in enumerate(policies)]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    reports = rt.compare(fn, *args, policies=renamed).reports
+  return [reports[p.name] for p in renamed]
+
+
 def runnable_policies() -> list[str]:
   """The built-in policies that can run in the current remat mode."""
   runnable = []
@@ -284,6 +300,9 @@ def without_dead_code(jaxpr):
 
 #: ``device_put`` equations moving values to host memory, sub-jaxprs included.
 count_host_offloads = _jaxpr.count_host_offloads
+#: The primitive ``jax.ad_checkpoint.checkpoint_name`` binds (remat2's view):
+#: what a policy is called with to decide a name.
+name_p = compat.name_p
 #: Whether an equation is a remat region, or a scan (linearized ones too).
 is_remat = compat.is_remat
 is_scan = compat.is_scan
