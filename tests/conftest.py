@@ -6,7 +6,9 @@ JAX's own remat tests re-run their classes with ``jax_remat3`` on.
 programs (``pytestmark = pytest.mark.usefixtures("quick_compiles")``);
 ``third_party_code`` allows the NumPy rank promotion that Hugging Face's
 models rely on; ``fresh_catalogue`` gives a test the built-in policies alone
-(the root ``conftest.py`` already restores the catalogue after every test).
+(the root ``conftest.py`` already restores the catalogue after every test);
+``fresh_trace_warnings`` makes the findings a region raises once per process
+when traced raise again, as in a fresh process.
 Where tests may reach below the public API, and why: ``shared_helpers.py``.
 """
 
@@ -16,6 +18,7 @@ import pytest
 
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.policies import catalog
+from remat_toolkit._src.policies import findings
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -44,6 +47,13 @@ def fresh_catalogue():
   """The catalogue holds the built-ins alone: nothing registered or loaded."""
   with catalog.isolated(fresh=True):
     yield
+
+
+@pytest.fixture
+def fresh_trace_warnings():
+  """Trace-time findings raised by earlier tests are raised again."""
+  findings.forget_trace_warnings()
+  yield
 
 
 @pytest.fixture

@@ -17,8 +17,10 @@ test using a name outside its module's ``__all__``.
   (:func:`remat3`), what this JAX release does (the compatibility layer's
   probes, pinned per release by ``test_compat.py``) and what a traced program
   holds (remat regions and checkpoint names, encoded differently per mode).
-- ``conftest.py``: ``core.compat``, ``policies.catalog`` -- the ``remat_mode``
-  fixture and a catalogue of the built-ins alone (``fresh_catalogue``).
+- ``conftest.py``: ``core.compat``, ``policies.catalog``, ``policies.findings``
+  -- the ``remat_mode`` fixture, a catalogue of the built-ins alone
+  (``fresh_catalogue``), and trace-time findings raised again as in a fresh
+  process (``fresh_trace_warnings``).
 - ``test_compat.py``: ``core.compat`` -- pins each JAX behaviour the
   compatibility layer relies on, per release.
 - ``test_layers.py``: none -- reads the package's files, imports nothing of it.
