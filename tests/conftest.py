@@ -5,7 +5,11 @@ JAX's own remat tests re-run their classes with ``jax_remat3`` on.
 ``quick_compiles`` turns XLA's optimisation passes off for a module of tiny
 programs (``pytestmark = pytest.mark.usefixtures("quick_compiles")``);
 ``third_party_code`` allows the NumPy rank promotion that Hugging Face's
-models rely on.
+models rely on; ``fresh_catalogue`` gives a test the built-in policies alone
+(the root ``conftest.py`` already restores the catalogue after every test);
+``fresh_trace_warnings`` makes the findings a region raises once per process
+when traced raise again, as in a fresh process.
+Where tests may reach below the public API, and why: ``shared_helpers.py``.
 """
 
 
@@ -13,6 +17,8 @@ import jax
 import pytest
 
 from remat_toolkit._src.core import compat
+from remat_toolkit._src.policies import catalog
+from remat_toolkit._src.policies import findings
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -34,6 +40,20 @@ def remat_mode(request):
   """Runs the test with jax_remat3 off, then on; yields the flag value."""
   with compat.remat3(request.param):
     yield request.param
+
+
+@pytest.fixture
+def fresh_catalogue():
+  """The catalogue holds the built-ins alone: nothing registered or loaded."""
+  with catalog.isolated(fresh=True):
+    yield
+
+
+@pytest.fixture
+def fresh_trace_warnings():
+  """Trace-time findings raised by earlier tests are raised again."""
+  findings.forget_trace_warnings()
+  yield
 
 
 @pytest.fixture

@@ -5,18 +5,20 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from shared_helpers import ambient_region
 from shared_helpers import jax_accounting
+from shared_helpers import jax_residuals
+from shared_helpers import remat3
+from shared_helpers import remat3_everything_keeps_unnamed
+from shared_helpers import remat3_offloads
 from shared_helpers import runnable_policies
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
 
 S = jax.ShapeDtypeStruct
 D, H, B, L = 16, 64, 8, 3
 
 
-@ambient_region
+@rt.remat
 def block(w_up, w_down, x):
   n = rt.tag(x * 2.0, "ffn.norm")
   h = rt.tag(n @ w_up, "ffn.up")
@@ -75,14 +77,13 @@ def test_names_and_stacking_recovered_inside_scan(remat_mode):
   assert up[0].nbytes == L * B * H * 4
   assert up[0].primitive == "dot_general"
   # JAX's own report loses the name inside scan.
-  plain = compat.saved_residuals(
-      lambda *a: rt.use_policy("save-ffn").__enter__() and scanned_loss(*a),
-      *SCANNED_ARGS)
-  assert not any("ffn.up" in d for _, d in plain)
+  plain = jax_residuals(scanned_loss, *SCANNED_ARGS, policy="save-ffn")
+  assert not any(r.name == "ffn.up" for r in plain)
+  assert (L, B, H) in [r.shape for r in plain if r.primitive == "scan"]
 
 
 def test_offloaded_residuals_are_host_bytes():
-  with compat.remat3(False):
+  with remat3(False):
     report = rt.analyze(unrolled_loss, *UNROLLED_ARGS, policy="offload-attention")
   q = [r for r in report.activations if r.name == "attn.q"]
   assert len(q) == L and all(r.memory_kind == "host" for r in q)
@@ -92,10 +93,10 @@ def test_offloaded_residuals_are_host_bytes():
 
 
 def test_offload_under_remat3_runs_or_is_skipped_with_reason():
-  with compat.remat3(True):
+  with remat3(True):
     comparison = rt.compare(unrolled_loss, *UNROLLED_ARGS,
                             policies=["offload-attention", "boundary-only"])
-    if compat.remat3_offloads():  # jax >= 0.11: remat3 offloads too
+    if remat3_offloads():  # jax >= 0.11: remat3 offloads too
       report = rt.analyze(unrolled_loss, *UNROLLED_ARGS,
                           policy="offload-attention")
       assert report.offloaded_bytes == L * B * D * 4
@@ -109,7 +110,7 @@ def test_offload_under_remat3_runs_or_is_skipped_with_reason():
 
 # ------------------------------------------------------------------ FLOPs
 
-@ambient_region
+@rt.remat
 def dense_pair(w1, w2, x):
   return jnp.tanh(x @ w1) @ w2
 
@@ -131,7 +132,7 @@ def test_flops_match_hand_arithmetic_for_a_dense_chain(remat_mode):
   assert keep_all.forward_flops == 2 * layers * per_matmul
   # Backward: each matmul needs two (d_input, d_weight) of the same size.
   assert keep_all.baseline_step_flops == 3 * keep_all.forward_flops
-  if remat_mode and not compat.remat3_everything_keeps_unnamed():
+  if remat_mode and not remat3_everything_keeps_unnamed():
     # jax 0.10's remat3 everything_saveable keeps only named values: x @ w1
     # is redone.
     assert keep_all.recompute_flops == layers * per_matmul
@@ -261,9 +262,9 @@ def _refusal(call):
 
 
 def test_one_offloading_policy_is_refused_alike_everywhere():
-  if compat.remat3_offloads():
+  if remat3_offloads():
     pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
-  with compat.remat3(True):
+  with remat3(True):
     messages = {
         "analyze": _refusal(lambda: rt.analyze(
             unrolled_loss, *UNROLLED_ARGS, policy="offload-attention")),
@@ -298,7 +299,7 @@ def test_no_ambient_region_warns():
 
 
 def test_pareto_marks_only_undominated_rows():
-  with compat.remat3(False):
+  with remat3(False):
     comparison = rt.compare(unrolled_loss, *UNROLLED_ARGS,
                             policies=["boundary-only", "save-ffn", "save-everything",
                                       "save-matmuls", "offload-attention"])
@@ -373,7 +374,7 @@ def test_a_captured_prng_key_is_counted_with_its_bytes(remat_mode):
   args = (jnp.ones((8, 8)), jnp.ones((4, 8)))
   report = rt.analyze(loss, *args, policy="boundary-only")
   keys = [r for r in report.residuals if r.dtype.startswith("key")]
-  theirs = [aval for aval, _ in compat.saved_residuals(loss, *args)
-            if str(aval.dtype).startswith("key")]
+  theirs = [r for r in jax_residuals(loss, *args) if r.dtype.startswith("key")]
   assert len(keys) == len(theirs)
   assert all(r.nbytes == 8 and r.kind == "constant" for r in keys)
+  assert all(r.nbytes == 8 and r.kind == "constant" for r in theirs)

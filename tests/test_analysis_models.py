@@ -1,22 +1,16 @@
 """The analyzer on the built-in GPT: the worked example, FLOPs, CLI."""
 
-import contextlib
-import io
 import json
 import re
 import sys
 import textwrap
-from unittest import mock
 
 import pytest
+from shared_helpers import jax_residuals
+from shared_helpers import run_cli
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.analysis import residuals as _residuals
-from remat_toolkit._src.analysis import trace
-from remat_toolkit._src.cli import main as cli
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import jaxpr as _jaxpr
 
 MIB = 2**20
 
@@ -72,28 +66,6 @@ def test_gpt_flops_match_hand_arithmetic(remat_mode):
   if not remat_mode:
     assert keep_all.recompute_flops == 0
     assert comparison.reports["save-matmuls"].recompute_flops == 0
-
-
-def test_identical_layers_share_one_body_without_changing_the_report():
-  fn, args = models.build_loss(models.get_config("tiny", num_layers=4), scan=False)
-  with compat.remat3(False):
-    program = trace.TracedProgram(fn, args)
-    bodies = {id(e.params["jaxpr"]) for e in program.jaxpr.jaxpr.eqns
-              if e.primitive is compat.remat_p}
-    assert program.regions == 4 and len(bodies) == 1
-    shared = program.report(rt.get_policy("save-attention"))
-    with mock.patch.object(_jaxpr, "share_identical_regions", lambda j, m: j):
-      plain = trace.TracedProgram(fn, args).report(rt.get_policy("save-attention"))
-  assert shared.to_dict() == plain.to_dict()
-  assert {f"layers_{i}/attn" for i in range(4)} <= {
-      r.module_path for r in shared.activations}
-
-
-def run_cli(*argv):
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    status = cli.main(list(argv))
-  return status, out.getvalue(), err.getvalue()
 
 
 def test_cli_compare_prints_every_policy():
@@ -165,12 +137,8 @@ def linen_spelling(path, scan):
 
 def saved_bytes(fn, args, policy):
   """Activation bytes of JAX's own saved_residuals under ``policy``."""
-  def under_policy(*a):
-    with rt.use_policy(policy):
-      return fn(*a)
-  return sum(_residuals.aval_nbytes(aval)
-             for aval, desc in compat.saved_residuals(under_policy, *args)
-             if not desc.startswith(("from the argument", "from a constant")))
+  return sum(r.nbytes for r in jax_residuals(fn, *args, policy=policy)
+             if r.kind not in ("argument", "constant"))
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
@@ -195,16 +163,3 @@ def test_nnx_residuals_name_submodules_as_linen_does(remat_mode, scan):
                     for p in ("query", "key", "value", "out")})
   assert expected | {"ln_f", "embed.attend"} <= nnx_paths
   assert records("nnx", lambda p: linen_spelling(p, scan)) == records("linen")
-
-
-def test_nnx_identical_layers_still_share_one_body():
-  fn, args = models.build_loss(models.get_config("tiny", num_layers=4),
-                               scan=False, framework="nnx")
-  with compat.remat3(False):
-    program = trace.TracedProgram(fn, args)
-    bodies = {id(e.params["jaxpr"]) for e in program.jaxpr.jaxpr.eqns
-              if e.primitive is compat.remat_p}
-    assert program.regions == 4 and len(bodies) == 1
-    report = program.report(rt.get_policy("save-attention"))
-  assert {f"layers/{i}/attn" for i in range(4)} <= {
-      r.module_path for r in report.activations}

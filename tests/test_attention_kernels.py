@@ -22,11 +22,16 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
+from shared_helpers import custom_vjp3_enabled
+from shared_helpers import custom_vjp_alignment
+from shared_helpers import has_custom_vjp3_flag
+from shared_helpers import jax_activation_bytes
+from shared_helpers import remat3 as jax_remat3
+from shared_helpers import remat3_everything_keeps_unnamed
+from shared_helpers import remat3_sees_into_custom_vjp
+from shared_helpers import without_dead_code
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core.format import format_bytes
-from tests.shared_helpers import jax_activation_bytes
 
 pytestmark = pytest.mark.usefixtures("quick_compiles")
 
@@ -245,14 +250,14 @@ def _kind(name: str) -> Kind:
 def _compared(name: str, remat3: bool):
   """rt.compare of the model under POLICIES and KEEP_KERNEL, in one mode."""
   loss, params, x = _model(BY_NAME[name])
-  with compat.remat3(remat3), warnings.catch_warnings():
+  with jax_remat3(remat3), warnings.catch_warnings():
     warnings.simplefilter("ignore")
     return rt.compare(loss, params, x, policies=[*POLICIES, KEEP_KERNEL])
 
 
 def _jax_bytes(name: str, policy, remat3: bool) -> int:
   loss, params, x = _model(BY_NAME[name])
-  with compat.remat3(remat3):
+  with jax_remat3(remat3):
     return jax_activation_bytes(loss, (params, x), policy)
 
 
@@ -263,13 +268,13 @@ def _expected_reruns(kind: Kind, policy, remat3: bool) -> bool:
   if policy == "save-everything":
     # jax 0.10's remat3 everything_saveable keeps only named values, and
     # sees no name inside a custom_vjp.
-    return remat3 and not compat.remat3_everything_keeps_unnamed()
+    return remat3 and not remat3_everything_keeps_unnamed()
   if policy is KEEP_KERNEL and kind.names_inside:
-    return remat3 and not compat.remat3_sees_into_custom_vjp()
+    return remat3 and not remat3_sees_into_custom_vjp()
   if policy == "save-matmuls" and kind.name.startswith("blockwise"):
     # dots_saveable keeps the kernel's per-block logits and products (its
     # forward is traced inline) unless remat3 treats the kernel as opaque.
-    return remat3 and not compat.remat3_sees_into_custom_vjp()
+    return remat3 and not remat3_sees_into_custom_vjp()
   return True  # the kernel's output named from outside: its lse is not kept
 
 
@@ -385,10 +390,10 @@ def test_pallas_mha_runs_as_many_pallas_calls_as_reported(policy, remat_mode):
     with rt.use_policy(policy):
       return loss(*a)
 
-  with compat.remat3(remat_mode):
+  with jax_remat3(remat_mode):
     closed = jax.make_jaxpr(jax.grad(under))(params, x)
   # remat3 leaves dead recomputation in the program (XLA drops it).
-  live = compat.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+  live = without_dead_code(closed.jaxpr)
   report = _compared("pallas_gpu_mha", remat_mode).reports[policy]
   reruns = sum(k.runs for k in report.recomputed_kernels)
   # Per layer: the forward, the backward's preprocessing and backward
@@ -401,7 +406,7 @@ def test_pallas_mha_runs_as_many_pallas_calls_as_reported(policy, remat_mode):
 def test_a_kernel_run_again_is_said_and_warned_with_the_fix():
   _kind("blockwise")
   loss, params, x = _model(BY_NAME["blockwise"])
-  with compat.remat3(False), pytest.warns(
+  with jax_remat3(False), pytest.warns(
       UserWarning, match="runs the forward of kernel 'flash'") as caught:
     report = rt.analyze(loss, params, x, policy=NAME_POLICY)
   message = next(str(w.message) for w in caught
@@ -449,26 +454,26 @@ def test_modes_that_keep_a_custom_vjp_differently_say_so(name, policy,
   warned = [w for w in reports[remat_mode].warnings
             if "so the two remat modes keep different residuals" in w]
   # The modes disagree exactly where remat3 treats the kernel as opaque.
-  assert differ is (not compat.remat3_sees_into_custom_vjp())
+  assert differ is (not remat3_sees_into_custom_vjp())
   assert bool(warned) is differ
   if warned:
-    assert compat.custom_vjp_alignment() in warned[0]
+    assert custom_vjp_alignment() in warned[0]
     assert repr(kind.kernel) in warned[0]
 
 
 def test_jax_custom_vjp3_aligns_the_modes_where_this_jax_honours_it():
   _kind("blockwise_named")
-  if not (compat.has_custom_vjp3_flag()
-          and compat.remat3_sees_into_custom_vjp(True)):
+  if not (has_custom_vjp3_flag()
+          and remat3_sees_into_custom_vjp(True)):
     pytest.skip("jax_custom_vjp3 does not let remat3 see inside a custom_vjp "
                 "on this JAX (the warning says jax_remat3=False instead)")
   loss, params, x = _model(BY_NAME["blockwise_named"])
-  before = compat.custom_vjp3_enabled()
+  before = custom_vjp3_enabled()
   jax.config.update("jax_custom_vjp3", True)
   try:
     found = {}
     for mode in (False, True):
-      with compat.remat3(mode), warnings.catch_warnings():
+      with jax_remat3(mode), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = rt.analyze(loss, params, x, policy=KEEP_KERNEL)
         found[mode] = report
@@ -484,6 +489,15 @@ def test_jax_custom_vjp3_aligns_the_modes_where_this_jax_honours_it():
 
 
 # ------------------------------------------------------------ matmul policies
+
+def size_text(n: int) -> str:
+  """A size as the toolkit writes it: binary units, one decimal above bytes."""
+  for unit in ("B", "KiB", "MiB"):
+    if n < 1024:
+      return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
+  return f"{n:.1f} GiB"
+
 
 def _activation_matmul_bytes(kind: Kind) -> int:
   """Bytes of the attention matmuls a matmul policy keeps in the model."""
@@ -502,7 +516,7 @@ def test_matmul_policies_keeping_s_by_s_logits_say_so_with_the_bytes(name):
   warned = [w for w in report.warnings
             if "between two activations" in w]
   assert len(warned) == 1
-  assert f", {format_bytes(_activation_matmul_bytes(kind))} of its" in warned[0]
+  assert f", {size_text(_activation_matmul_bytes(kind))} of its" in warned[0]
   # The projections (a parameter among the operands) are not among them.
   assert "keeps the outputs of 4 matmuls" in warned[0]
 
@@ -527,7 +541,7 @@ def test_projections_by_cast_or_transposed_weights_are_no_activation_matmuls():
     return jnp.sin(probs @ v).astype(jnp.float32)  # sin' needs its input
 
   args = (S((3, e, e), jnp.float32), S((t, e), jnp.bfloat16))
-  with compat.remat3(False), warnings.catch_warnings():
+  with jax_remat3(False), warnings.catch_warnings():
     warnings.simplefilter("ignore")
     report = rt.analyze(lambda w, x: attend(w, x).sum(), *args,
                         policy="save-matmuls")
@@ -536,4 +550,4 @@ def test_projections_by_cast_or_transposed_weights_are_no_activation_matmuls():
   # The logits [T, T] and probabilities @ values [T, E], in bfloat16; not
   # the three projections.
   assert len(warned) == 1 and "keeps the outputs of 2 matmuls" in warned[0]
-  assert f", {format_bytes(2 * (t * t + t * e))} of its" in warned[0]
+  assert f", {size_text(2 * (t * t + t * e))} of its" in warned[0]

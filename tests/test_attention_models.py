@@ -12,7 +12,6 @@ it does).
 
 import contextlib
 import functools
-import io
 import json
 import warnings
 
@@ -22,14 +21,15 @@ import numpy as np
 import pytest
 from shared_helpers import assert_trees_close
 from shared_helpers import grad_of
+from shared_helpers import has_custom_vjp3_flag
 from shared_helpers import jax_activation_bytes
 from shared_helpers import named
+from shared_helpers import remat3
 from shared_helpers import residuals
+from shared_helpers import run_cli
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.cli import main as cli
-from remat_toolkit._src.core import compat
 from remat_toolkit.models import common
 from remat_toolkit.models import flash
 
@@ -43,7 +43,7 @@ POLICIES = ["boundary-only", "save-attention", "save-ffn", "save-matmuls",
 @contextlib.contextmanager
 def custom_vjp3(enabled):
   """Sets ``jax_custom_vjp3`` for the block (skips where JAX has no flag)."""
-  if not compat.has_custom_vjp3_flag():
+  if not has_custom_vjp3_flag():
     if enabled:
       pytest.skip("this JAX has no jax_custom_vjp3")
     yield
@@ -232,7 +232,7 @@ def test_every_policy_that_keeps_the_context_keeps_the_kernel_statistics():
   assert {"save-attention", "praxis-save-context"} <= set(keeping)
   # Some of them name nothing else this model has: the analyzer's warning
   # that they keep nothing is wrong here (the xfail test below).
-  with compat.remat3(False), warnings.catch_warnings():
+  with remat3(False), warnings.catch_warnings():
     warnings.simplefilter("ignore")
     fn, args = models.build_loss("tiny", attention="flash")
     for policy in keeping:
@@ -242,7 +242,7 @@ def test_every_policy_that_keeps_the_context_keeps_the_kernel_statistics():
 
 def test_a_policy_naming_only_the_context_is_not_reported_as_keeping_nothing():
   # The names a custom_vjp's forward rule holds count as the region's names.
-  with compat.remat3(False), warnings.catch_warnings():
+  with remat3(False), warnings.catch_warnings():
     warnings.simplefilter("ignore")
     fn, args = models.build_loss("tiny", attention="flash")
     report = rt.analyze(fn, *args, policy="praxis-save-context")
@@ -252,7 +252,7 @@ def test_a_policy_naming_only_the_context_is_not_reported_as_keeping_nothing():
 
 
 def test_the_flash_forward_is_not_run_again_under_save_attention():
-  with compat.remat3(False):
+  with remat3(False):
     fn, args = models.build_loss("tiny", attention="flash")
     # One backward scan per layer; boundary-only adds the forward's again.
     assert backward_scans(fn, args, "save-attention") == 2
@@ -269,7 +269,7 @@ def test_only_names_inside_the_forward_spare_the_kernel_a_rerun(inside):
       return flash.flash_attention(x, x, x, block_size=4, residual_name="ctx")
     return rt.tag(flash.flash_attention(x, x, x, block_size=4), "ctx")
 
-  with compat.remat3(False):  # jax 0.10 picks the mode at jax.checkpoint
+  with remat3(False):  # jax 0.10 picks the mode at jax.checkpoint
     f = jax.checkpoint(lambda x: jnp.sin(attention(x)).sum(),
                        policy=cp.save_only_these_names("ctx"))
     scans = backward_scans(f, (x,))
@@ -390,7 +390,7 @@ _exp.defvjp(_exp_fwd, lambda res, g: (res[1] * g,))
 def test_inputs_are_not_named_and_the_output_is_kept_once():
   x = jnp.linspace(0.0, 1.0, 5)
   tagged = rt.tag_residuals(_exp, "kernel.res")
-  with compat.remat3(False):  # jax 0.10 picks the mode at jax.checkpoint
+  with remat3(False):  # jax 0.10 picks the mode at jax.checkpoint
     # sin needs the kernel's output in the backward pass as well.
     f = jax.checkpoint(lambda x: jnp.sin(tagged(jnp.tanh(x))).sum(),
                        policy=cp.save_only_these_names("kernel.res"))
@@ -425,7 +425,7 @@ _power_of_sin.defvjp(_power_of_sin_fwd, _power_of_sin_bwd)
 def test_tag_residuals_keeps_nondiff_argnums():
   x = jnp.linspace(0.1, 1.0, 5)
   tagged = rt.tag_residuals(_power_of_sin, "kernel.res")
-  with compat.remat3(False):
+  with remat3(False):
     f = jax.checkpoint(lambda x: tagged(3, jnp.tanh(x)).sum(),
                        policy=cp.save_only_these_names("kernel.res"))
     g = jax.checkpoint(lambda x: _power_of_sin(3, jnp.tanh(x)).sum(),
@@ -465,16 +465,6 @@ def test_tag_residuals_rejects_bad_input(kernel, name, error, message):
 
 
 # ---------------------------------------------------------------- CLI
-
-def run_cli(*argv):
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    try:
-      status = cli.main(list(argv))
-    except SystemExit as e:  # argparse refuses a choice itself
-      status = e.code
-  return status, out.getvalue(), err.getvalue()
-
 
 def test_cli_attention_option_builds_that_core():
   status, out, _ = run_cli("analyze", "--model", "tiny", "--attention",

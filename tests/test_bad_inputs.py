@@ -10,9 +10,7 @@ and ambient policy unchanged). The table of bad inputs in docs/how-to/verify.md 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import re
 import sys
@@ -23,11 +21,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
+from shared_helpers import policy_sources
+from shared_helpers import remat3
+from shared_helpers import remat3_offloads
+from shared_helpers import run_cli
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.cli import main as cli
-from remat_toolkit._src.policies import catalog
+
+POLICY_PATH_ENV = "REMAT_TOOLKIT_POLICY_PATH"
 
 S = jax.ShapeDtypeStruct
 W = S((4, 4), jnp.float32)
@@ -333,17 +335,19 @@ CASES = [
 
 
 def _under_remat3(call):
-  from remat_toolkit._src.core import compat
-  if compat.remat3_offloads():
+  if remat3_offloads():
     pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
-  with compat.remat3(True):
+  with remat3(True):
     return call()
 
 
 def _state() -> tuple:
-  """What a failed call must not change."""
+  """What a failed call must not change: each policy, where it comes from,
+  and the ambient policy."""
   names = rt.list_policies()
-  return (tuple(names), tuple(catalog.policy_source(n) for n in names),
+  sources = policy_sources()
+  assert list(sources) == names
+  return (tuple(sources.items()), tuple(rt.get_policy(n) for n in names),
           rt.current_policy())
 
 
@@ -446,21 +450,21 @@ def test_malformed_policy_file_in_the_environment(field, tmp_path, monkeypatch):
   text, patterns = MALFORMED_TOML[field]
   path = tmp_path / "bad.toml"
   path.write_text(text + "\n")
-  monkeypatch.setenv(catalog.POLICY_PATH_ENV, str(path))
+  monkeypatch.setenv(POLICY_PATH_ENV, str(path))
   with pytest.raises(ValueError) as info:
     rt.get_policy("save-ffn")
   _check_error(info.value, ValueError, patterns)
-  monkeypatch.delenv(catalog.POLICY_PATH_ENV)
+  monkeypatch.delenv(POLICY_PATH_ENV)
   assert rt.get_policy("save-ffn").name == "save-ffn"
 
 
 def test_missing_policy_path_in_the_environment(tmp_path, monkeypatch):
   missing = tmp_path / "nowhere"
-  monkeypatch.setenv(catalog.POLICY_PATH_ENV, str(missing))
+  monkeypatch.setenv(POLICY_PATH_ENV, str(missing))
   with pytest.raises(FileNotFoundError) as info:
     rt.get_policy("save-ffn")
   _check_error(info.value, FileNotFoundError,
-               (re.escape(str(missing)), catalog.POLICY_PATH_ENV,
+               (re.escape(str(missing)), POLICY_PATH_ENV,
                 r"\.toml file or a folder"))
 
 
@@ -515,10 +519,8 @@ CLI_CASES = [
                          ids=lambda c: f"{' '.join(c.argv[:1])}: {c.bad_input}")
 def test_cli_bad_input(case):
   before = _state()
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    status = cli.main(list(case.argv))
-  message = err.getvalue().strip()
+  status, _, err = run_cli(*case.argv)
+  message = err.strip()
   assert status == 2, (status, message)
   assert message.startswith("remat-toolkit: error: ") and "\n" not in message
   assert "Traceback" not in message
@@ -533,13 +535,10 @@ def test_cli_malformed_policy_file(field, tmp_path):
   path = tmp_path / "bad.toml"
   path.write_text(text + "\n")
   for argv in (["show", str(path)], ["list", "--policy-file", str(path)]):
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), \
-        contextlib.redirect_stderr(err):
-      status = cli.main(argv)
+    status, _, err = run_cli(*argv)
     assert status == 2
     for pattern in patterns:
-      assert re.search(pattern, err.getvalue()), (argv, pattern, err.getvalue())
+      assert re.search(pattern, err), (argv, pattern, err)
 
 
 _USER_MODEL = (
@@ -558,10 +557,8 @@ _USER_MODEL = (
 
 
 def _cli(argv):
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    status = cli.main(list(argv))
-  return status, out.getvalue(), err.getvalue().strip()
+  status, out, err = run_cli(*argv)
+  return status, out, err.strip()
 
 
 def test_cli_user_model_from_the_current_folder(tmp_path, monkeypatch):

@@ -11,50 +11,18 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
+from shared_helpers import offloading_unsupported
+from shared_helpers import remat3
+from shared_helpers import run_cli
+from shared_helpers import scanned_mlp_args as make_args
+from shared_helpers import scanned_mlp_loss as scanned_loss
 
 import remat_toolkit as rt
-from remat_toolkit._src.bench import train_step
-from remat_toolkit._src.bench.batch_search import search_largest
-from remat_toolkit._src.bench.batch_search import step_memory
-from remat_toolkit._src.bench.train_step import make_train_step
-from remat_toolkit._src.cli import main as cli
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import inputs
-from remat_toolkit._src.core.progress import Deadline
 
-LAYERS, WIDTH = 4, 16
 RECORD_FIELDS = {"policy", "step_time_s", "tokens_per_s", "peak_bytes",
                  "compile_time_s", "relative_step_time", "grad_accum",
                  "micro_batch", "global_batch", "loss_first", "loss_last"}
-
-
-@rt.remat
-def _block(w, x):
-  up = rt.tag(x @ w[0], "ffn.up")
-  return x + rt.tag(jnp.tanh(up) @ w[1], "ffn.down")
-
-
-def scanned_loss(params, batch):
-  """A residual MLP whose layers run under scan, one remat region each."""
-  def layer(x, w):
-    return _block(w, x), None
-
-  x, _ = jax.lax.scan(layer, batch["x"], params["w"])
-  return jnp.mean((x - batch["y"]) ** 2)
-
-
-def make_args(batch_size=8, abstract=False):
-  params = {"w": jax.random.normal(jax.random.key(0),
-                                   (LAYERS, 2, WIDTH, WIDTH)) * 0.1}
-  batch = {"x": jax.random.normal(jax.random.key(1), (batch_size, WIDTH)),
-           "y": jax.random.normal(jax.random.key(2), (batch_size, WIDTH))}
-  if abstract:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                        (params, batch))
-  return params, batch
 
 
 @pytest.fixture(scope="module")
@@ -140,65 +108,7 @@ def test_csv_and_json_hold_every_record(result):
       r.policy for r in res.records]
 
 
-# ---------------------------------------------------------------- the step
-
-def test_accumulation_splits_the_batch_into_micro_batches():
-  seen = []
-
-  def loss(w, batch):
-    seen.append(batch.shape)
-    return jnp.mean((batch @ w) ** 2)
-
-  w = jnp.ones((3, 2))
-  step = make_train_step(loss, optax.sgd(0.1), grad_accum=4)
-  jax.jit(step)((w, optax.sgd(0.1).init(w)), jnp.ones((8, 3)))
-  assert seen == [(2, 3)]
-
-
-@pytest.mark.parametrize("optimizer", [optax.sgd(0.05), optax.adamw(1e-2)],
-                         ids=["sgd", "adamw"])
-def test_accumulation_equals_one_big_batch(optimizer):
-  params, batch = make_args(batch_size=8)
-  state = (params, optimizer.init(params))
-  outs = {}
-  for k in (1, 4):
-    step = jax.jit(make_train_step(scanned_loss, optimizer, grad_accum=k))
-    (new_params, _), loss = step(state, batch)
-    outs[k] = (float(loss), new_params)
-  assert outs[4][0] == pytest.approx(outs[1][0], rel=1e-6)
-  np.testing.assert_allclose(outs[4][1]["w"], outs[1][1]["w"],
-                             rtol=1e-5, atol=1e-7)
-  # The update is real (a step that returned params unchanged would pass).
-  assert not np.allclose(outs[1][1]["w"], params["w"])
-
-
 # ---------------------------------------------------------------- memory
-
-def test_step_memory_follows_the_policy(remat_mode):
-  args = make_args(abstract=True)
-  saved = step_memory(scanned_loss, *args, policy="save-everything")
-  remat = step_memory(scanned_loss, *args, policy="boundary-only")
-  assert remat["temp_bytes"] < saved["temp_bytes"]
-  assert saved["argument_bytes"] == remat["argument_bytes"]
-
-
-def test_largest_batch_fits_and_its_double_does_not():
-  args = make_args(abstract=True)
-  budget = step_memory(scanned_loss, *args, batch=24)["peak_bytes"] - 1
-  search = rt.largest_batch(scanned_loss, *args, budget=budget,
-                            policies=["boundary-only"], max_batch=256,
-                            progress=False)
-  assert list(search.fits) == ["save-everything", "boundary-only"]
-  for policy, fit in search.fits.items():
-    assert 1 <= fit.batch < 256 and not fit.hit_cap
-    assert fit.over_batch == fit.batch + 1
-    assert fit.bytes <= budget < fit.over_bytes
-    double = step_memory(scanned_loss, *args, policy=policy, batch=2 * fit.batch)
-    assert double["peak_bytes"] > budget
-  # Recomputing instead of saving admits more examples under scan.
-  assert search.fits["boundary-only"].batch > search.fits["save-everything"].batch
-  assert "largest micro-batch" in str(search)
-
 
 def test_largest_batch_stops_at_the_cap_and_at_nothing_fits():
   args = make_args(abstract=True)
@@ -212,37 +122,6 @@ def test_largest_batch_stops_at_the_cap_and_at_nothing_fits():
   fit = tight.fits["save-everything"]
   assert (fit.batch, fit.bytes, fit.over_batch) == (0, None, 1)
   assert fit.over_bytes > 1024
-
-
-def _brute_force(measure, budget, cap):
-  best = 0
-  for n in range(1, cap + 1):
-    if measure(n) > budget:
-      break
-    best = n
-  return best
-
-
-@pytest.mark.parametrize("fixed,per_example,step,quadratic",
-                         [(1000, 37, 1, 0), (5000, 64, 8, 0), (10, 3, 1, 2),
-                          (0, 1000, 64, 0), (7, 1, 1, 0)])
-@pytest.mark.parametrize("budget", [0, 999, 4000, 123_456, 10**9])
-@pytest.mark.parametrize("cap", [1, 5, 300, 4096])
-def test_search_finds_the_exact_limit(fixed, per_example, step, quadratic,
-                                      budget, cap):
-  def measure(n):
-    return fixed + per_example * (-(-n // step) * step) + quadratic * n * n
-
-  good, bad, tries = search_largest(measure, budget, cap)
-  assert good == _brute_force(measure, budget, cap)
-  assert bad == (None if good == cap else good + 1)
-  assert len({n for n, _ in tries}) == len(tries)  # no size compiled twice
-  assert all(measure(n) == b for n, b in tries)
-
-
-def test_search_needs_few_compiles_when_memory_is_affine():
-  _, _, tries = search_largest(lambda n: 1000 + 37 * n, 1000 + 37 * 300 + 5, 4096)
-  assert len(tries) <= 5
 
 
 # ---------------------------------------------------------------- bad input
@@ -296,18 +175,11 @@ def test_largest_batch_rejects_a_bad_cap():
 
 # ---------------------------------------------------------------- CLI
 
-def _run_cli(argv):
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    status = cli.main(argv)
-  return status, out.getvalue(), err.getvalue()
-
-
 def test_cli_bench_json_parses():
   # One policy (the baseline) keeps it to one compile of the built-in model.
-  status, out, _ = _run_cli(["bench", "--model", "tiny", "--steps", "2",
+  status, out, _ = run_cli("bench", "--model", "tiny", "--steps", "2",
                              "--warmup", "1", "--seq", "8", "--quiet",
-                             "--json", "save-everything"])
+                             "--json", "save-everything")
   assert status == 0
   (record,) = json.loads(out)["records"]
   assert RECORD_FIELDS <= set(record)
@@ -318,9 +190,9 @@ def test_cli_bench_json_parses():
 
 
 def test_cli_largest_batch_json_parses():
-  status, out, _ = _run_cli(["bench", "--model", "tiny", "--quiet", "--json",
+  status, out, _ = run_cli("bench", "--model", "tiny", "--quiet", "--json",
                              "--max-batch-under", "1GiB", "--max-batch-cap",
-                             "1", "save-everything"])
+                             "1", "save-everything")
   assert status == 0
   (fit,) = json.loads(out)["fits"]
   assert (fit["policy"], fit["batch"], fit["hit_cap"]) == ("save-everything", 1, True)
@@ -333,29 +205,19 @@ def test_cli_largest_batch_json_parses():
     (["--model", "no-such-model"], "Unknown model config"),
 ])
 def test_cli_bench_bad_input_exits_2_with_one_line(argv, message):
-  status, out, err = _run_cli(["bench", "--quiet", *argv])
+  status, out, err = run_cli("bench", "--quiet", *argv)
   assert status == 2 and out == ""
   assert message in err and len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------- options
 
-def test_a_jitted_loss_still_takes_each_policy():
-  # jit caches its trace by function, ambient policy not included: bench
-  # unwraps it so that each policy is traced anew.
-  args = make_args(abstract=True)
-  jitted = jax.jit(scanned_loss)
-  saved = step_memory(jitted, *args, policy="save-everything")
-  remat = step_memory(jitted, *args, policy="boundary-only")
-  assert remat["temp_bytes"] < saved["temp_bytes"]
-
-
-def test_time_limit_keeps_the_baseline_and_lists_the_rest(monkeypatch):
-  # As if every compile took longer than the limit.
-  monkeypatch.setattr(Deadline, "expired", lambda self: True)
+def test_time_limit_keeps_the_baseline_and_lists_the_rest():
+  # A limit shorter than any compile: the baseline is compiled whatever the
+  # limit, nothing after it.
   params, batch = make_args()
   res = rt.bench((scanned_loss, (params, batch)), policies=["boundary-only"],
-                 steps=1, warmup=0, time_limit_s=50, progress=False)
+                 steps=1, warmup=0, time_limit_s=1e-9, progress=False)
   assert [r.policy for r in res.records] == ["save-everything"]
   assert "time limit" in res.skipped["boundary-only"]
   assert "skipped boundary-only" in str(res)
@@ -370,38 +232,39 @@ def test_cli_bench_runs_a_user_model(tmp_path, monkeypatch):
       "  loss = lambda w, b: jnp.mean((b['x'] @ w) ** 2)\n"
       "  return loss, (jnp.ones((4, 4)), {'x': jnp.ones((6, 4))})\n")
   monkeypatch.syspath_prepend(str(tmp_path))
-  status, out, _ = _run_cli(["bench", "--model", "bench_user_model:make",
+  status, out, _ = run_cli("bench", "--model", "bench_user_model:make",
                              "--steps", "1", "--warmup", "0", "--quiet",
-                             "--grad-accum", "3", "--csv", "save-everything"])
+                             "--grad-accum", "3", "--csv", "save-everything")
   assert status == 0
   header, row = out.splitlines()
   record = dict(zip(header.split(","), row.split(","), strict=True))
   assert (record["global_batch"], record["micro_batch"]) == ("6", "2")
-  status, _, err = _run_cli(["bench", "--model", "bench_user_model:make",
-                             "--seq", "8", "--quiet"])
+  status, _, err = run_cli("bench", "--model", "bench_user_model:make",
+                             "--seq", "8", "--quiet")
   assert status == 2 and "built-in models only" in err
 
 
-def test_a_policy_that_fails_is_reported_not_fatal(monkeypatch):
-  real = train_step.compile_step
+def _failing_under(policy_name, error):
+  """scanned_loss, except that tracing it under ``policy_name`` raises."""
+  def loss(params, batch):
+    if rt.current_policy().name == policy_name:
+      raise error
+    return scanned_loss(params, batch)
+  return loss
 
-  def flaky(workload, policy, grad_accum, batch):
-    if policy.name != "save-everything":
-      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore detail")
-    return real(workload, policy, grad_accum, batch)
 
-  monkeypatch.setattr(train_step, "compile_step", flaky)
+def test_a_policy_that_fails_is_reported_not_fatal():
   params, batch = make_args()
-  res = rt.bench(scanned_loss, params, batch, policies=["boundary-only"],
-                 steps=1, warmup=0, progress=False)
+  oom = RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore detail")
+  res = rt.bench(_failing_under("save-ffn", oom), params, batch,
+                 policies=["save-ffn"], steps=1, warmup=0, progress=False)
   assert [r.policy for r in res.records] == ["save-everything"]
-  assert res.skipped["boundary-only"] == (
+  assert res.skipped["save-ffn"] == (
       "failed to compile: RuntimeError: RESOURCE_EXHAUSTED: out of memory")
   # Without the baseline there is nothing to compare with: that failure raises.
-  monkeypatch.setattr(train_step, "compile_step",
-                      lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
   with pytest.raises(RuntimeError, match="boom"):
-    rt.bench(scanned_loss, params, batch, progress=False)
+    rt.bench(_failing_under("save-everything", RuntimeError("boom")), params,
+             batch, progress=False)
 
 
 def test_bench_takes_abstract_shapes_like_every_other_verb():
@@ -415,27 +278,21 @@ def test_bench_takes_abstract_shapes_like_every_other_verb():
 
 # ---------------------------------------------------------------- policies
 
-def test_step_memory_and_largest_batch_take_any_policy_like():
+def test_largest_batch_takes_any_policy_like():
   # A raw JAX policy resolves as everywhere else (Policy.from_jax).
   args = make_args(abstract=True)
   raw = jax.checkpoint_policies.nothing_saveable
-  named = step_memory(scanned_loss, *args, policy="boundary-only")
-  assert step_memory(scanned_loss, *args, policy=raw) == named
-  assert (step_memory(scanned_loss, *args, policy=rt.get_policy("boundary-only"))
-          == named)
   search = rt.largest_batch(scanned_loss, *args, budget="1GiB", max_batch=1,
                             policies=[raw, "save-everything"], progress=False)
   assert len(search.fits) == 2 and next(iter(search.fits)) == "save-everything"
 
 
 def test_an_offloading_policy_that_cannot_run_is_skipped_with_the_one_message():
-  with compat.remat3(True):
-    if not compat.offloading_unsupported():
+  with remat3(True):
+    if not offloading_unsupported():
       pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
     args = make_args(abstract=True)
     reason = "Policy 'offload-qkv' offloads to host memory, but"
-    with pytest.raises(ValueError, match=reason):
-      step_memory(scanned_loss, *args, policy="offload-qkv")
     with pytest.warns(UserWarning, match=reason):
       search = rt.largest_batch(scanned_loss, *args, budget="1GiB",
                                 max_batch=1, policies=["offload-qkv"],
@@ -443,28 +300,3 @@ def test_an_offloading_policy_that_cannot_run_is_skipped_with_the_one_message():
   assert list(search.fits) == ["save-everything"]
   assert search.skipped["offload-qkv"].startswith(reason)
   assert f"skipped offload-qkv: {reason}" in str(search)
-
-
-# ---------------------------------------------------------------- inputs
-
-def test_random_inputs_are_deterministic_in_the_seed_for_every_dtype():
-  S = jax.ShapeDtypeStruct
-  tree = {"w": S((8, 4), jnp.float32), "h": S((3,), jnp.bfloat16),
-          "ids": S((2, 5), jnp.int32), "mask": S((2, 5), jnp.bool_),
-          "given": jnp.arange(3)}
-  a, b = inputs.random_tree(tree, seed=3), inputs.random_tree(tree, seed=3)
-  c = inputs.random_tree(tree, seed=4)
-  for key in tree:
-    assert a[key].shape == tree[key].shape and a[key].dtype == tree[key].dtype
-    np.testing.assert_array_equal(a[key], b[key])
-  assert a["given"] is tree["given"]
-  # Integer and boolean leaves are zeros: valid token ids and masks.
-  assert not a["ids"].any() and not a["mask"].any()
-  # Floats vary with the seed, scaled by 1/sqrt(fan_in) (fan_in: axis -2).
-  assert not np.array_equal(a["w"], c["w"])
-  assert 0.1 < float(jnp.std(a["w"])) * np.sqrt(8) < 3.0
-  # The tree helper and the leaf helper agree (one rule for verify and bench).
-  leaves, treedef = jax.tree.flatten(tree)
-  flat = jax.tree.unflatten(treedef, inputs.random_inputs(leaves, seed=3))
-  for key in tree:
-    np.testing.assert_array_equal(flat[key], a[key])

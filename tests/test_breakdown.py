@@ -6,25 +6,26 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from shared_helpers import ambient_region
+from shared_helpers import jax_residuals
+from shared_helpers import run_cli
 
 import remat_toolkit as rt
-from remat_toolkit._src.analysis import residuals as _residuals
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.policies import lowering
+from remat_toolkit import models
 
 S = jax.ShapeDtypeStruct
 D, H = 16, 64
 
 
-@ambient_region
 def mlp(params, x):
   h = rt.tag(x @ params["w1"] + params["b1"][None, :], "ffn.up")
   return rt.tag(jnp.tanh(h), "ffn.act") @ params["w2"]
 
 
-def loss(params, x):
-  return (mlp(params, x) ** 2).mean()
+def loss_of(region):
+  return lambda params, x: (region(params, x) ** 2).mean()
+
+
+loss = loss_of(rt.remat(mlp))
 
 
 PARAMS = {"w1": S((D, H), jnp.float32), "b1": S((H,), jnp.float32),
@@ -79,14 +80,10 @@ def test_activations_are_the_analyzers(remat_mode):
                              policy=policy).activation_bytes
   # save-ffn keeps ffn.up (not ffn.act): what JAX's own constructor keeps.
   by_hand = jax.checkpoint_policies.save_only_these_names("ffn.up")
-
-  def fn_by_hand(p, x):
-    with lowering.substitute_ambient(by_hand):
-      return loss(p, x)
-
-  found = compat.saved_residuals(fn_by_hand, PARAMS, batch(32))
-  assert b.activation_bytes == sum(_residuals.aval_nbytes(a) for a, d in found
-                                   if "from the argument" not in d)
+  found = jax_residuals(loss_of(jax.checkpoint(mlp, policy=by_hand)),
+                        PARAMS, batch(32))
+  assert b.activation_bytes == sum(r.nbytes for r in found
+                                   if r.kind != "argument")
   assert b.boundary_only_bytes < b.activation_bytes < b.save_everything_bytes
 
 
@@ -136,23 +133,22 @@ def test_display_and_json():
 
 # ------------------------------------------------------------------ CLI
 
-def test_cli_breakdown_prints_the_table_and_json(capsys):
-  from remat_toolkit import models
-  from remat_toolkit._src.cli import main as cli
-  assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamw"]) == 0
-  text = capsys.readouterr().out
+def test_cli_breakdown_prints_the_table_and_json():
+  status, text, _ = run_cli("breakdown", "--model", "tiny", "--optimizer", "adamw")
+  assert status == 0
   assert text.startswith("model tiny")
   assert "optimizer state" in text and "adamw" in text
-  assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamw",
-                   "--policy", "save-ffn", "--json"]) == 0
-  data = json.loads(capsys.readouterr().out)
+  status, out, _ = run_cli("breakdown", "--model", "tiny", "--optimizer", "adamw",
+                           "--policy", "save-ffn", "--json")
+  assert status == 0
+  data = json.loads(out)
   fn, (params, tokens) = models.build_loss("tiny")
   expected = rt.memory_breakdown(fn, params, tokens, optimizer="adamw",
                                  policy="save-ffn")
   assert data == json.loads(expected.to_json())
 
 
-def test_cli_breakdown_rejects_unknown_optimizer(capsys):
-  from remat_toolkit._src.cli import main as cli
-  assert cli.main(["breakdown", "--model", "tiny", "--optimizer", "adamx"]) == 2
-  assert "adamx" in capsys.readouterr().err
+def test_cli_breakdown_rejects_unknown_optimizer():
+  status, _, err = run_cli("breakdown", "--model", "tiny", "--optimizer", "adamx")
+  assert status == 2
+  assert "adamx" in err

@@ -1,18 +1,23 @@
 """The catalogue: built-ins, aliases, user files, and malformed files."""
 
+import os
 import textwrap
+from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+from shared_helpers import policy_sources
 
 import remat_toolkit as rt
-from remat_toolkit._src.policies import catalog
+
+POLICY_PATH_ENV = "REMAT_TOOLKIT_POLICY_PATH"
 
 
 def _lookups():
   """Every name and alias, and the policy it resolves to."""
-  names = rt.list_policies() + sorted(catalog.aliases())
-  return rt.list_policies(), {n: rt.get_policy(n) for n in names}
+  names = rt.list_policies()
+  aliases = sorted(a for n in names for a in rt.get_policy(n).aliases)
+  return names, {n: rt.get_policy(n) for n in names + aliases}
 
 
 def _write(folder, filename, text):
@@ -77,7 +82,10 @@ def test_names_ignore_case_and_separators(spelling):
 
 def test_list_policies_is_the_sorted_builtins():
   names = rt.list_policies()
-  files = {f.stem for f in catalog.builtin_policy_dir().glob("*.toml")}
+  folders = {Path(source).parent for source in policy_sources().values()
+             if source.endswith(".toml")}
+  assert len(folders) == 1, folders
+  files = {f.stem for f in folders.pop().glob("*.toml")}
   assert names == sorted(names)
   # The two baselines are the code's own; every other built-in is a file.
   assert set(names) == files | {"boundary-only", "save-everything"}
@@ -129,7 +137,7 @@ def test_load_a_file(tmp_path):
   assert rt.get_policy("QK") == rt.Policy(
       name="keep-qk", description="Keeps q and k.", aliases=["qk"],
       save=["attn.q", "attn.k"])
-  assert catalog.policy_source("qk") == str(path)
+  assert policy_sources()["keep-qk"] == str(path)
   assert "keep-qk" in rt.list_policies()
 
 
@@ -156,7 +164,7 @@ def test_missing_path_is_file_not_found(tmp_path):
 def test_register_a_python_policy():
   p = rt.register_policy(rt.Policy(name="py-policy", save=["attn.q"]))
   assert rt.get_policy("py_policy") is p
-  assert catalog.policy_source("py-policy") == "python"
+  assert policy_sources()["py-policy"] == "python"
 
 
 def test_policy_path_variable(tmp_path, monkeypatch):
@@ -165,8 +173,8 @@ def test_policy_path_variable(tmp_path, monkeypatch):
   second.mkdir()
   _write(first, "qk.toml", GOOD)
   _write(second, "up.toml", 'name = "keep-up"\nsave = ["ffn.up"]\n')
-  monkeypatch.setenv(catalog.POLICY_PATH_ENV,
-                     f"{first}{catalog.os.pathsep}{second}")
+  monkeypatch.setenv(POLICY_PATH_ENV,
+                     f"{first}{os.pathsep}{second}")
   assert rt.get_policy("qk").name == "keep-qk"
   assert rt.get_policy("keep-up").save == ("ffn.up",)
   assert {"keep-qk", "keep-up"} <= set(rt.list_policies())
@@ -174,18 +182,18 @@ def test_policy_path_variable(tmp_path, monkeypatch):
 
 def test_policy_path_variable_overrides_builtins(tmp_path, monkeypatch):
   _write(tmp_path, "qkv.toml", 'name = "save-qkv"\nsave = ["attn.q"]\n')
-  monkeypatch.setenv(catalog.POLICY_PATH_ENV, str(tmp_path))
+  monkeypatch.setenv(POLICY_PATH_ENV, str(tmp_path))
   assert rt.get_policy("save-qkv").save == ("attn.q",)
-  assert catalog.policy_source("save-qkv") == str(tmp_path / "qkv.toml")
+  assert policy_sources()["save-qkv"] == str(tmp_path / "qkv.toml")
 
 
 def test_bad_policy_path_variable_keeps_raising(tmp_path, monkeypatch):
   _write(tmp_path, "bad.toml", 'name = "x"\nkeep = ["attn.q"]\n')
-  monkeypatch.setenv(catalog.POLICY_PATH_ENV, str(tmp_path))
+  monkeypatch.setenv(POLICY_PATH_ENV, str(tmp_path))
   for _ in range(2):  # not only on the first lookup
     with pytest.raises(ValueError, match=r"bad\.toml.*'keep'"):
       rt.get_policy("save-qkv")
-  monkeypatch.delenv(catalog.POLICY_PATH_ENV)
+  monkeypatch.delenv(POLICY_PATH_ENV)
   assert rt.get_policy("save-qkv").name == "save-qkv"
   assert "x" not in rt.list_policies()
 

@@ -1,9 +1,9 @@
 """``remat-toolkit list`` and ``show``, and what every command shares:
 ``--policy-file``, ``POLICY`` arguments and ``--json``."""
 
-import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,25 +11,16 @@ from pathlib import Path
 
 import jax
 import pytest
+from shared_helpers import policy_sources
+from shared_helpers import remat3_offloads
+from shared_helpers import run_cli
 
 import remat_toolkit as rt
-from remat_toolkit._src.cli import main as cli
-from remat_toolkit._src.cli import shared as cli_shared
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.policies import catalog
-
-
-@pytest.fixture
-def fresh_catalogue():
-  # Loaded files replace built-ins (override=True): keep them to one test.
-  with catalog.isolated(fresh=True):
-    yield
 
 
 def _run(capsys, *argv):
-  status = cli.main(list(argv))
-  out, err = capsys.readouterr()
-  return status, out, err
+  del capsys  # run_cli captures the command's output itself
+  return run_cli(*argv)
 
 
 # ------------------------------------------------------------ list
@@ -82,7 +73,7 @@ def test_list_json(capsys):
   assert qkv["lowers_to"] == rt.get_policy("save-qkv").describe_lowering()
   assert qkv["runs_under_remat3"] is True
   assert (by_name["offload-qkv"]["runs_under_remat3"]
-          is compat.remat3_offloads())
+          is remat3_offloads())
   assert Path(qkv["source"]).name == "save-qkv.toml"
 
 
@@ -105,7 +96,8 @@ def test_show_minimal(capsys):
   policy = rt.get_policy("minimal")
   lines = out.splitlines()
   assert lines[0] == "save-projections  (aliases: minimal)"
-  assert str(catalog.builtin_policy_dir() / "save-projections.toml") in out
+  assert policy_sources()["save-projections"].endswith("save-projections.toml")
+  assert policy_sources()["save-projections"] in out
   assert "matmuls         none" in out
   flat = " ".join(out.split())
   assert " ".join(policy.describe_lowering().split()) in flat
@@ -117,7 +109,7 @@ def test_show_minimal(capsys):
 def test_show_an_offload_policy_says_whether_it_runs_under_remat3(capsys):
   _, out, _ = _run(capsys, "show", "minimal_offloaded")
   flat = " ".join(out.split())
-  if compat.remat3_offloads():
+  if remat3_offloads():
     assert "behaves the same with jax_remat3 off and on" in flat
   else:
     assert f"CANNOT run under jax {jax.__version__}'s jax_remat3" in flat
@@ -178,23 +170,27 @@ def test_the_removed_policies_spelling_is_refused(capsys, tmp_path):
   assert status == 2 and "unrecognized arguments: --policies" in err
 
 
-def test_help_names_policy_file(capsys):
-  assert cli.main(["compare", "--help"]) == 0
-  flat = " ".join(capsys.readouterr().out.split())
+def test_help_names_policy_file():
+  status, out, _ = run_cli("compare", "--help")
+  assert status == 0
+  flat = " ".join(out.split())
   assert "--policy-file PATH" in flat
   assert "--policies" not in flat
   assert "[POLICY ...]" in flat and "--policy POLICY" in flat
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["compare", "save-ffn", "--policy", "save-qkv"], ["save-ffn", "save-qkv"]),
-    (["bench", "--policy", "save-ffn"], ["save-ffn"]),
-])
-def test_many_policy_commands_take_policy_too(argv, expected):
-  # Not read as an abbreviation of --policy-file.
-  args = cli.build_parser().parse_args(argv)
-  assert [p.name for p in cli_shared.policy_list(args)] == expected
-  assert args.policy_files == []
+def test_many_policy_commands_take_policy_too():
+  # Not read as an abbreviation of --policy-file, which would look for a
+  # file of that name.
+  status, out, err = run_cli("compare", "save-ffn", "--policy", "save-qkv",
+                             "--model", "tiny", "--json")
+  assert status == 0, err
+  assert [r["policy"] for r in json.loads(out)["rows"]] == ["save-ffn", "save-qkv"]
+  # bench compiles for seconds: a misspelt name shows how it was read.
+  status, _, err = run_cli("bench", "--policy", "save-atention", "--quiet")
+  assert status == 2
+  assert "Unknown remat policy 'save-atention'" in err
+  assert "does not exist" not in err
 
 
 def test_a_policy_file_is_a_policy_name_everywhere(capsys, tmp_path):
@@ -229,44 +225,12 @@ def test_every_command_prints_json(capsys, command):
 
 
 def test_every_command_with_results_has_json():
-  subparsers = cli.build_parser()._subparsers._group_actions[0].choices
-  for name, parser in subparsers.items():
-    assert "--json" in parser._option_string_actions, name
-  assert set(subparsers) == {*_JSON_COMMANDS, "bench"}
-
-
-class _Result:
-  """A stand-in result: JSON of the given shape, and two warnings."""
-
-  warnings = ("first", "second")
-
-  def __init__(self, data):
-    self.data = data
-
-  def to_json(self, **kwargs):
-    return json.dumps(self.data, **kwargs)
-
-  def __str__(self):
-    return "as text"
-
-
-@pytest.mark.parametrize("data,on_stderr", [
-    ([{"policy": "x"}], 2),  # records: no place for the warnings
-    ({"policy": "x", "warnings": ["first", "second"]}, 0),
-])
-def test_emit_sends_warnings_json_cannot_hold_to_stderr(capsys, data,
-                                                        on_stderr):
-  args = argparse.Namespace(json=True)
-  assert cli_shared.emit(_Result(data), args, heading="model m", status=1) == 1
-  out, err = capsys.readouterr()
-  assert json.loads(out) == data
-  assert err.count("remat-toolkit: warning: ") == on_stderr
-
-
-def test_emit_prints_text_under_its_heading(capsys):
-  args = argparse.Namespace(json=False)
-  assert cli_shared.emit(_Result([]), args, heading="model m") == 0
-  assert capsys.readouterr() == ("model m\nas text\n", "")
+  _, out, _ = run_cli("--help")
+  commands = re.findall(r"^    (\w+)", out.split("COMMAND", 2)[2], re.M)
+  assert set(commands) == {*_JSON_COMMANDS, "bench"}
+  for name in commands:
+    status, out, _ = run_cli(name, "--help")
+    assert status == 0 and "--json" in out, name
 
 
 # ------------------------------------------------------------ user errors
@@ -297,16 +261,16 @@ def test_missing_policy_file_exits_2(capsys, tmp_path):
   assert "nope.toml" in err and "does not exist" in err
 
 
-def test_usage_errors_exit_2(capsys):
-  assert cli.main([]) == 2
-  assert cli.main(["frobnicate"]) == 2
-  assert cli.main(["show"]) == 2
-  assert "usage: remat-toolkit" in capsys.readouterr().err
+def test_usage_errors_exit_2():
+  for argv in ([], ["frobnicate"], ["show"]):
+    status, _, err = run_cli(*argv)
+    assert status == 2, argv
+    assert "usage: remat-toolkit" in err, argv
 
 
-def test_help_exits_0(capsys):
-  assert cli.main(["--help"]) == 0
-  out = capsys.readouterr().out
+def test_help_exits_0():
+  status, out, _ = run_cli("--help")
+  assert status == 0
   assert "list" in out and "show" in out
 
 

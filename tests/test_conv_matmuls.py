@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
+from shared_helpers import dots_saveable_keeps_convs
+from shared_helpers import jax_accounting
+from shared_helpers import residuals
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
-from tests.shared_helpers import jax_accounting
-from tests.shared_helpers import residuals
 
 S = jax.ShapeDtypeStruct
 MATMUL_POLICIES = ["save-matmuls", "save-matmuls-no-batch"]
@@ -166,13 +166,13 @@ def test_the_cases_cover_both_outcomes(remat_mode):
   assert not _keeps_only_inputs(mixed_loss, MIXED_ARGS, "save-matmuls-no-batch")
   assert not _keeps_only_inputs(batched_loss, BATCHED_ARGS, "save-matmuls")
   assert (_keeps_only_inputs(conv_loss, CONV_ARGS, "save-matmuls")
-          is not compat.dots_saveable_keeps_convs())
+          is not dots_saveable_keeps_convs())
 
 
 def test_the_conv_warning_names_the_cause_and_the_fixes(remat_mode):
   report, _ = _analyzed(conv_loss, CONV_ARGS, "save-matmuls")
   found = _passed_over(report.warnings, "save-matmuls")
-  if compat.dots_saveable_keeps_convs():
+  if dots_saveable_keeps_convs():
     assert found == []
     return
   (message,) = found

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import checkpoint_names
 from shared_helpers import named  # noqa: E402
 from shared_helpers import residuals  # noqa: E402
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 D = 8
@@ -43,7 +43,7 @@ def by_hand(names):
 
 
 def names_in(fn, *args):
-  return set(_jaxpr.names_in(jax.make_jaxpr(fn)(*args).jaxpr))
+  return set(checkpoint_names(jax.make_jaxpr(fn)(*args).jaxpr))
 
 
 def selected(policy, names):

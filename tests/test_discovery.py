@@ -18,13 +18,12 @@ import third_party_models as tp
 from flax import nnx
 from shared_helpers import NNXMlp
 from shared_helpers import assert_trees_close
+from shared_helpers import concrete
+from shared_helpers import count_remat_regions
 from shared_helpers import residuals
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.core import jaxpr as _jaxpr
-from remat_toolkit._src.core.inputs import random_tree
-from remat_toolkit._src.transform import discovery
 from remat_toolkit.results import RematSummary
 
 POLICIES = ("save-attention", "save-ffn")
@@ -35,37 +34,6 @@ def filled(shapes, seed=0):
   rng = np.random.RandomState(seed)
   return jax.tree.map(lambda s: jnp.asarray(
       rng.normal(size=s.shape) * 0.1, s.dtype), shapes)
-
-
-# ---------------------------------------------------------------- the heuristic
-
-def paths(*names):
-  return {tuple(name.split("/")) if name else (): cls for name, cls in names}
-
-
-def test_find_blocks_heuristic():
-  find = discovery.find_blocks
-  # Blocks, not the repeated Dense inside them; the experts nested in a block
-  # are part of its region.
-  moe = paths(("", "Net"), ("Dense_0", "Dense"), ("Dense_1", "Dense"),
-              *[(f"layers_{i}", "Block") for i in range(3)],
-              *[(f"layers_{i}/experts_{j}", "Mlp") for i in range(3)
-                for j in range(2)],
-              *[(f"layers_{i}/experts_{j}/Dense_{k}", "Dense")
-                for i in range(3) for j in range(2) for k in range(2)])
-  assert find(moe) == [("layers_0",), ("layers_1",), ("layers_2",)]
-  # Two stacks of different classes both count; consecutive indices only.
-  two = paths(*[(f"vision/{i}/mlp", "Dense") for i in range(2)],
-              *[(f"vision/{i}", "ViTBlock") for i in range(2)],
-              *[(f"text/h_{i}/mlp", "Dense") for i in range(2)],
-              *[(f"text/h_{i}", "GPTBlock") for i in range(2)],
-              ("gapped/0/x", "Dense"), ("gapped/0", "B"),
-              ("gapped/2/x", "Dense"), ("gapped/2", "B"))
-  assert find(two) == [("vision", "0"), ("vision", "1"),
-                       ("text", "h_0"), ("text", "h_1")]
-  # Leaves only, or one block: nothing.
-  assert find(paths(("Dense_0", "Dense"), ("Dense_1", "Dense"))) == []
-  assert find(paths(("Block_0/Dense_0", "Dense"), ("Block_0", "B"))) == []
 
 
 # ---------------------------------------------------------------- Hugging Face
@@ -149,7 +117,7 @@ def nnx_loss(model):
   """``(params, tokens) -> scalar`` and the params; the rest of the state
   (rng keys and counts) is made real, as build_loss does."""
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  rest = random_tree(rest)
+  rest = concrete(rest)
 
   def loss(params, tokens):
     live = nnx.merge(graphdef, params, rest, copy=True)
@@ -222,7 +190,7 @@ class TwoBlocks(nn.Module):
 
 def count_regions(model, variables):
   jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X))(variables).jaxpr
-  return _jaxpr.count_remat_regions(jaxpr)
+  return count_remat_regions(jaxpr)
 
 
 def test_linen_nothing_found_warns_once():
@@ -331,7 +299,7 @@ def loss_of(module, inputs):
 
 
 def region_count(loss, variables):
-  return _jaxpr.count_remat_regions(jax.make_jaxpr(loss)(variables).jaxpr)
+  return count_remat_regions(jax.make_jaxpr(loss)(variables).jaxpr)
 
 
 DEPTH_EXPECTED = {

@@ -14,13 +14,13 @@ from pathlib import Path
 import jax
 import pytest
 from shared_helpers import markdown_code_blocks
+from shared_helpers import remat3
 from shared_helpers import run_markdown_examples
 
 import remat_toolkit as rt
 from remat_toolkit import models
 from remat_toolkit import names
 from remat_toolkit import results
-from remat_toolkit._src.core import compat
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 API = DOCS / "api"
@@ -137,7 +137,7 @@ def reader_environment(tmp_path, monkeypatch):
   it), charts not shown."""
   monkeypatch.chdir(tmp_path)
   pytest.importorskip("matplotlib").use("Agg")
-  with compat.remat3(False), jax.numpy_rank_promotion("allow"):
+  with remat3(False), jax.numpy_rank_promotion("allow"):
     yield
   importlib.import_module("matplotlib.pyplot").close("all")
 

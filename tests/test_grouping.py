@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from flax import nnx
 from shared_helpers import assert_trees_close
+from shared_helpers import checkpoint_name_of
+from shared_helpers import jax_residuals
+from shared_helpers import module_path
+from shared_helpers import remat_bodies
 
 import remat_toolkit as rt
-from remat_toolkit._src.analysis import residuals as _residuals
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import jaxpr as _jaxpr
-from remat_toolkit._src.transform.grouping import group_size
 
 CP = jax.checkpoint_policies
 WIDTH = 8
@@ -39,16 +39,9 @@ pytestmark = pytest.mark.usefixtures("quick_compiles")
 
 def residual_kinds(fn, *args) -> list[tuple[str, str]]:
   """Sorted ``(aval, kind)`` per residual; kind: argument, a name, computed."""
-  out = []
-  for aval, desc in compat.saved_residuals(fn, *args):
-    if "from the argument" in desc:
-      kind = ARG
-    elif "named '" in desc:
-      kind = desc.split("'")[1]
-    else:
-      kind = COMPUTED
-    out.append((aval.str_short(), kind))
-  return sorted(out)
+  return sorted((r.aval.str_short(),
+                 ARG if r.kind == "argument" else r.name or COMPUTED)
+                for r in jax_residuals(fn, *args))
 
 
 def grad(fn):
@@ -60,9 +53,7 @@ def value_and_grad(fn):
 
 
 def computed_bytes(fn, *args) -> int:
-  return sum(_residuals.aval_nbytes(aval)
-             for aval, desc in compat.saved_residuals(fn, *args)
-             if "from the argument" not in desc)
+  return sum(r.nbytes for r in jax_residuals(fn, *args) if r.kind != "argument")
 
 
 def hand_chain(layers, x, size, policy):
@@ -146,40 +137,14 @@ def chain_params():
   return Chain().init(jax.random.key(0), x_input())["params"]
 
 
-# ---------------------------------------------------------------- group_size
-
-@pytest.mark.parametrize("group, layers, expected", [
-    (1, 5, 1), (3, 5, 3), (5, 5, 5), ("sqrt", 24, 4), ("sqrt", 12, 3),
-    ("sqrt", 4, 2), ("sqrt", 1, 1), ("sqrt", 48, 6), ("sqrt", 13, 4)])
-def test_group_size(group, layers, expected):
-  assert group_size(group, layers) == expected
-
-
-def test_group_size_exact_sqrt_divides():
-  assert group_size("sqrt", 13, exact=True) == 1
-  assert group_size("sqrt", 24, exact=True) == 4
-
-
-@pytest.mark.parametrize("group", [0, -2, True, 2.0, "half", None])
-def test_bad_group_is_a_value_error(group):
-  with pytest.raises(ValueError, match="group"):
-    group_size(group, 4)
-
-
-def test_group_larger_than_layers_or_not_dividing():
-  with pytest.raises(ValueError, match="larger than the 4 layers"):
-    group_size(5, 4)
-  with pytest.raises(ValueError, match=r"does not divide .* \[1, 2, 4\]"):
-    group_size(3, 4, exact=True)
-
-
 # ---------------------------------------------------------------- plain chain
 
-@pytest.mark.parametrize("group, regions", [(1, 6), (2, 3), (4, 2), ("sqrt", 3)])
-def test_plain_chain_saves_one_boundary_per_region(remat_mode, group, regions):
+@pytest.mark.parametrize("group, size, regions", [
+    (1, 1, 6), (2, 2, 3), (4, 4, 2), ("sqrt", 2, 3)])
+def test_plain_chain_saves_one_boundary_per_region(remat_mode, group, size,
+                                                    regions):
   layers = [plain_layer(i) for i in range(6)]
   x = x_input()
-  size = group_size(group, len(layers))
 
   def chained(x):
     return rt.remat_chain(layers, x, group=group, policy="boundary-only").sum()
@@ -238,7 +203,7 @@ def linen_reference(params, x, size, policy):
 def test_linen_chain_boundaries_and_gradients(remat_mode, group, regions):
   x = x_input()
   params = chain_params()
-  size = group_size(group, NUM_LAYERS)
+  size = NUM_LAYERS // regions
 
   def loss(model):
     return lambda p, x: model.apply({"params": p}, x).sum()
@@ -258,11 +223,10 @@ def test_linen_chain_names_regions_in_module_paths():
   params = chain_params()
   jaxpr = jax.make_jaxpr(lambda p: Chain(group=2).apply({"params": p}, x))(
       params).jaxpr
-  regions = [e for e in jaxpr.eqns if compat.is_remat(e)]
-  assert len(regions) == 2
-  paths = sorted({_jaxpr.module_path(e)
-                  for e in compat.remat_body_of(regions[1]).eqns
-                  if compat.checkpoint_name_of(e) == "ffn.up"})
+  bodies = remat_bodies(jaxpr)
+  assert len(bodies) == 2
+  paths = sorted({module_path(e) for e in bodies[1].eqns
+                  if checkpoint_name_of(e) == "ffn.up"})
   assert paths == ["Chain.remat_group_1/layers_2", "Chain.remat_group_1/layers_3"]
 
 
@@ -291,7 +255,7 @@ def nnx_layers(n: int = NUM_LAYERS):
 def test_nnx_chain_boundaries_and_gradients(remat_mode, group, regions):
   graphdef, state, rest = nnx.split(nnx_layers(), nnx.Param, ...)
   x = x_input()
-  size = group_size(group, NUM_LAYERS)
+  size = NUM_LAYERS // regions
 
   def chained(state, x):
     layers = nnx.merge(graphdef, state, rest, copy=True)
@@ -464,10 +428,9 @@ def test_scan_layers_reads_the_ambient_policy():
   assert kept != boundary
 
 
-@pytest.mark.parametrize("group", [1, 2, "sqrt"])
-def test_scan_layers_gradients_equal_unrolled(group):
+@pytest.mark.parametrize("group, size", [(1, 1), (2, 2), ("sqrt", 2)])
+def test_scan_layers_gradients_equal_unrolled(group, size):
   x = x_input()
-  size = group_size(group, NUM_LAYERS)
   params = scanned_params(group)
   scanned = grad(lambda p: Scanned(group=group).apply({"params": p}, x).sum())
   unrolled = grad(lambda p: Chain(remat=False).apply({"params": p}, x).sum())

@@ -5,10 +5,15 @@ below it. This test reads every module's imports (at module level and
 inside functions alike) and fails on an import of a higher layer and on any
 import cycle between modules, so a change that breaks the order fails here
 with the offending line, not later as a circular import.
+
+The tests have a wall too: they reach into ``remat_toolkit._src`` only where
+``tests/shared_helpers.py``'s docstring lists it, and a white-box test uses
+only the names in its module's ``__all__``.
 """
 
 import ast
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +135,88 @@ def test_no_import_cycle():
 def test_layers_are_listed_bottom_to_top_once():
   assert len(set(LAYERS)) == len(LAYERS)
   assert all(a != b for a, b in itertools.pairwise(LAYERS))
+
+
+# ---------------------------------------------------------------- the tests' wall
+
+TESTS = PACKAGE.parent / "tests"
+INTERNAL = "remat_toolkit._src"
+
+
+def _allowed_internal_imports() -> dict[str, tuple[frozenset[str], bool]]:
+  """File -> (``_src`` modules it may import, whether held to ``__all__``),
+  read from the list in ``shared_helpers.py``'s docstring."""
+  doc = ast.get_docstring(ast.parse(
+      (TESTS / "shared_helpers.py").read_text(encoding="utf-8")))
+  allowed = {}
+  for entry in re.finditer(r"^- ``(\w+\.py)``: (.*?) -- (\S+)", doc, re.M | re.S):
+    modules = frozenset(f"{INTERNAL}.{m}" for m in re.findall(r"``([\w.]+)``", entry[2]))
+    allowed[entry[1]] = (modules, entry[3].startswith("white-box"))
+  return allowed
+
+
+def _module_all(module: str) -> frozenset[str]:
+  """The names in a package module's ``__all__``, read from its source."""
+  path = PACKAGE.parent.joinpath(*module.split("."))
+  path = path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
+  for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    if (isinstance(node, ast.Assign)
+        and any(getattr(t, "id", None) == "__all__" for t in node.targets)):
+      return frozenset(ast.literal_eval(node.value))
+  return frozenset()
+
+
+def _internal_uses(path: Path) -> tuple[set[str], list[str]]:
+  """(``_src`` modules a test file imports, ``module.name`` it uses from them)."""
+  tree = ast.parse(path.read_text(encoding="utf-8"))
+  modules, used, aliases = set(), [], {}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(INTERNAL):
+      for a in node.names:
+        if _is_module(f"{node.module}.{a.name}"):
+          modules.add(f"{node.module}.{a.name}")
+          aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        else:
+          modules.add(node.module)
+          used.append(f"{node.module}.{a.name}")
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.startswith(INTERNAL):
+          modules.add(a.name)
+          if a.asname:
+            aliases[a.asname] = a.name
+    elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+          and node.args and isinstance(node.args[0], ast.Constant)
+          and str(node.args[0].value).startswith(INTERNAL)):
+      modules.add(node.args[0].value)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) in aliases:
+      used.append(f"{aliases[node.value.id]}.{node.attr}")
+  return modules, used
+
+
+TEST_FILES = sorted(TESTS.glob("*.py"))
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)
+def test_tests_reach_below_the_public_api_only_where_listed(path):
+  allowed, white_box = _allowed_internal_imports().get(path.name, (frozenset(), False))
+  modules, used = _internal_uses(path)
+  unlisted = sorted(modules - allowed)
+  assert not unlisted, (
+      f"{path.name} imports {unlisted}: test through the public API "
+      "(remat_toolkit, .results, .names, .models, run_cli), or list the file "
+      "and the reason in shared_helpers.py's docstring")
+  if white_box:
+    outside = sorted(u for u in used
+                     if not re.fullmatch(r"__\w+__", u.rsplit(".", 1)[1])
+                     and u.rsplit(".", 1)[1] not in _module_all(u.rsplit(".", 1)[0]))
+    assert not outside, (f"{path.name} is a white-box test of its module's "
+                         f"__all__, but uses {outside}")
+
+
+def test_the_list_of_tests_reaching_below_names_real_imports():
+  for name, (allowed, _) in _allowed_internal_imports().items():
+    assert (TESTS / name).exists(), name
+    modules, _ = _internal_uses(TESTS / name)
+    assert modules == allowed, (name, sorted(modules), sorted(allowed))

@@ -10,11 +10,15 @@ import numpy as np
 import optax
 import pytest
 from shared_helpers import assert_trees_close
+from shared_helpers import checkpoint_name_of
+from shared_helpers import checkpoint_names
+from shared_helpers import jax_residuals
+from shared_helpers import module_path
+from shared_helpers import remat_bodies
+from shared_helpers import sub_jaxprs
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import jaxpr as _jaxpr
 
 BLOCK_TAGS = frozenset(rt.names.VOCABULARY) - {"attn.qkv"}
 
@@ -119,14 +123,6 @@ def test_build_loss_overrides():
 
 # ---------------------------------------------------------------- tags
 
-def remat_bodies(jaxpr):
-  for eqn in jaxpr.eqns:
-    if compat.is_remat(eqn):
-      yield compat.remat_body_of(eqn)
-    for sub in _jaxpr.sub_jaxprs(eqn):
-      yield from remat_bodies(sub)
-
-
 @pytest.mark.parametrize("framework", ["linen", "nnx"])
 @pytest.mark.parametrize("config, scan", [
     ("tiny", False), ("tiny-swiglu", False), ("tiny", True)])
@@ -137,7 +133,7 @@ def test_every_tag_is_inside_each_remat_region(framework, config, scan):
   bodies = list(remat_bodies(jaxpr))
   assert len(bodies) == (1 if scan else models.get_config(config).num_layers)
   for body in bodies:
-    assert _jaxpr.names_in(body) == expected
+    assert checkpoint_names(body) == expected
 
 
 def test_no_remat_baseline_has_no_region():
@@ -145,15 +141,15 @@ def test_no_remat_baseline_has_no_region():
     loss_fn, args = models.build_loss("tiny", scan=scan, remat=False)
     jaxpr = jax.make_jaxpr(loss_fn)(*args).jaxpr
     assert list(remat_bodies(jaxpr)) == []
-    assert _jaxpr.names_in(jaxpr) >= BLOCK_TAGS - {"ffn.gate"}
+    assert checkpoint_names(jaxpr) >= BLOCK_TAGS - {"ffn.gate"}
 
 
 def tag_paths(jaxpr, name):
   paths = set()
   for eqn in jaxpr.eqns:
-    if compat.checkpoint_name_of(eqn) == name:
-      paths.add(_jaxpr.module_path(eqn))
-    for sub in _jaxpr.sub_jaxprs(eqn):
+    if checkpoint_name_of(eqn) == name:
+      paths.add(module_path(eqn))
+    for sub in sub_jaxprs(eqn):
       paths |= tag_paths(sub, name)
   return paths
 
@@ -170,9 +166,8 @@ def test_linen_module_paths(scan, group, expected):
 
 def test_policy_selects_tagged_tensors():
   loss_fn, args = models.build_loss("tiny")
-  with rt.use_policy("save-ffn"):
-    saved = [d for _, d in compat.saved_residuals(loss_fn, *args)]
-  names = sorted(d.split("'")[1] for d in saved if "named '" in d)
+  names = sorted(r.name for r in jax_residuals(loss_fn, *args, policy="save-ffn")
+                 if r.name)
   # ffn.down may be kept but the backward pass never needs it (a residual
   # add follows); block.output is the second region's input.
   assert names == ["block.output", "ffn.up", "ffn.up"]
@@ -269,6 +264,6 @@ def test_boundary_only_keeps_one_input_per_region():
   for group, regions in ((1, 4), (2, 2), (4, 1)):
     cfg = models.get_config("tiny", num_layers=4)
     loss_fn, args = models.build_loss(cfg, group=group)
-    saved = compat.saved_residuals(loss_fn, *args)
-    boundaries = [d for _, d in saved if "named 'block.output'" in d]
+    boundaries = [r for r in jax_residuals(loss_fn, *args)
+                  if r.name == "block.output"]
     assert len(boundaries) == regions - 1  # + the embedding output

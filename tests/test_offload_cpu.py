@@ -10,14 +10,16 @@ JAX's own ``saved_residuals`` marks them (``float32<host>[...]``). Under
 
 import jax
 import pytest
+from shared_helpers import QUICK_XLA
+from shared_helpers import assert_gradients_close
+from shared_helpers import concrete
+from shared_helpers import count_host_offloads
+from shared_helpers import jax_residuals
+from shared_helpers import remat3
+from shared_helpers import remat3_offloads
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.analysis import residuals as _residuals
-from remat_toolkit._src.analysis import verify as verify_module
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import inputs
-from remat_toolkit._src.core import jaxpr as _jaxpr
 
 #: Each offloading policy and the policy that keeps the same tensors on device.
 SAVING_TWIN = {
@@ -36,7 +38,7 @@ CONFIG = models.get_config("tiny", num_layers=2, d_model=16, num_heads=2,
 
 @pytest.fixture(autouse=True)
 def _remat2():
-  with compat.remat3(False):
+  with remat3(False):
     yield
 
 
@@ -53,9 +55,7 @@ def test_pin_cpu_backend_has_a_pinned_host_memory_kind():
 def test_offloading_gradients_run_jitted_on_cpu_and_equal_no_remat():
   fn, args = models.build_loss(CONFIG)
   reference, _ = models.build_loss(CONFIG, remat=False)
-  leaves, treedef = jax.tree_util.tree_flatten(args)
-  params, batch = jax.tree_util.tree_unflatten(
-      treedef, inputs.random_inputs(leaves))
+  params, batch = concrete(args)
 
   def every_policy(params, batch):
     out = [jax.value_and_grad(reference)(params, batch)]
@@ -64,14 +64,10 @@ def test_offloading_gradients_run_jitted_on_cpu_and_equal_no_remat():
         out.append(jax.value_and_grad(fn)(params, batch))
     return out
 
-  (ref_loss, ref_grads), *results = jax.jit(every_policy).lower(
-      params, batch).compile(verify_module.COMPILER_OPTIONS)(params, batch)
-  want = [ref_loss, *jax.tree_util.tree_leaves(ref_grads)]
-  labels = ["loss"] * len(want)
-  for name, (loss, grads) in zip(OFFLOADING, results, strict=True):
-    diff = verify_module.compare_values([loss, *jax.tree_util.tree_leaves(grads)],
-                                  want, labels, 1e-5, 0.0)
-    assert diff.ok, (name, diff)
+  reference, *results = jax.jit(every_policy).lower(
+      params, batch).compile(QUICK_XLA)(params, batch)
+  for name, result in zip(OFFLOADING, results, strict=True):
+    assert_gradients_close(result, reference, 1e-5, name)
 
 
 @pytest.mark.parametrize("policy", OFFLOADING)
@@ -81,23 +77,15 @@ def test_the_gradient_really_moves_residuals_to_host(policy):
     step = jax.make_jaxpr(jax.value_and_grad(fn))(*args)
   with rt.use_policy(SAVING_TWIN[policy]):
     kept = jax.make_jaxpr(jax.value_and_grad(fn))(*args)
-  assert _jaxpr.count_host_offloads(step.jaxpr) > 0
-  assert _jaxpr.count_host_offloads(kept.jaxpr) == 0
+  assert count_host_offloads(step.jaxpr) > 0
+  assert count_host_offloads(kept.jaxpr) == 0
 
 
 def jax_host_and_device_bytes(fn, args, policy):
-  def under(*a):
-    with rt.use_policy(policy):
-      return fn(*a)
-  host = device = 0
-  for aval, desc in compat.saved_residuals(under, *args):
-    if "from the argument" in desc:
-      continue
-    if "<host>" in str(aval):
-      host += _residuals.aval_nbytes(aval)
-    else:
-      device += _residuals.aval_nbytes(aval)
-  return host, device
+  kept = [r for r in jax_residuals(fn, *args, policy=policy)
+          if r.kind != "argument"]
+  return (sum(r.nbytes for r in kept if r.memory_kind == "host"),
+          sum(r.nbytes for r in kept if r.memory_kind == "device"))
 
 
 @pytest.mark.parametrize("framework", ["linen", "nnx"])
@@ -124,10 +112,10 @@ def test_report_counts_offloaded_residuals_as_host_bytes(policy, framework):
 
 @pytest.mark.parametrize("policy", OFFLOADING)
 def test_offloading_under_remat3_raises_a_clear_error(policy):
-  if compat.remat3_offloads():
+  if remat3_offloads():
     pytest.skip(f"jax {jax.__version__}'s remat3 offloads: nothing to refuse")
   fn, args = models.build_loss(CONFIG)
-  with compat.remat3(True):
+  with remat3(True):
     with pytest.raises(ValueError, match=rf"{policy}.*jax_remat3.*silently"):
       rt.analyze(fn, *args, policy=policy)
     with pytest.raises(ValueError, match=r"jax_remat3"):

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from shared_helpers import remat3
+from shared_helpers import remat3_offloads
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
 from remat_toolkit._src.core.pareto import dominates
 from remat_toolkit._src.core.pareto import pareto_flags
 from remat_toolkit._src.core.pareto import undominated
@@ -83,7 +84,7 @@ OFFLOAD_U = rt.Policy(name="offload-u", offload=["u"])
 
 
 def test_an_offloading_policy_does_not_hide_the_frontier():
-  with compat.remat3(False):
+  with remat3(False):
     f = rt.frontier(loss, *ARGS, budgets=[],
                     policies=["boundary-only", KEEP_U, OFFLOAD_U])
   points = {p.label: p for p in f.points}
@@ -99,10 +100,10 @@ def test_an_offloading_policy_does_not_hide_the_frontier():
   assert "offload" in str(f).splitlines()[-1]
 
 
-@pytest.mark.skipif(compat.remat3_offloads(),
+@pytest.mark.skipif(remat3_offloads(),
                     reason="this JAX's remat3 offloads")
 def test_frontier_skips_what_cannot_run_and_warns():
-  with compat.remat3(True), pytest.warns(UserWarning, match="offload-u"):
+  with remat3(True), pytest.warns(UserWarning, match="offload-u"):
     f = rt.frontier(loss, *ARGS, budgets=[],
                     policies=["boundary-only", OFFLOAD_U])
   assert [p.label for p in f.points] == ["boundary-only"]

@@ -23,12 +23,10 @@ from jax.sharding import AbstractMesh
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from shared_helpers import jax_residuals
 from shared_helpers import run_on_simulated_devices
 
 import remat_toolkit as rt
-from remat_toolkit._src.analysis import sharding
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.planning.planner import Planner
 
 MIB = 2**20
 GIB = 2**30
@@ -75,15 +73,11 @@ def nbytes(x):
 
 def jax_shard_bytes(fn, policy, args, mesh=MESH):
   """Per-device bytes of each activation residual, by JAX's saved_residuals."""
-  def under(*a):
-    with rt.use_policy(policy):
-      return fn(*a)
-
   with jax.sharding.use_abstract_mesh(mesh):
-    saved = compat.saved_residuals(under, *args)
-  return sorted(math.prod(compat.aval_sharding(a).shard_shape(a.shape))
-                * np.dtype(a.dtype).itemsize
-                for a, where in saved if "from the argument" not in where)
+    saved = jax_residuals(fn, *args, policy=policy)
+  return sorted(math.prod(r.aval.sharding.shard_shape(r.shape))
+                * np.dtype(r.dtype).itemsize
+                for r in saved if r.kind != "argument")
 
 
 def our_shard_bytes(report):
@@ -109,7 +103,7 @@ def test_per_device_bytes_are_the_hand_computed_shards(remat_mode, policy,
   del remat_mode
   report = rt.analyze(loss, *big_args(), policy=policy)
   assert report.devices == 256
-  assert report.per_device_method == sharding.TRACED == "traced shardings"
+  assert report.per_device_method == "traced shardings"
   for r in report.activations:
     assert r.per_device_nbytes == {(T, H): UP_SHARD, (T, D): X_SHARD}[r.shape]
     assert r.nbytes == r.per_device_nbytes * (256 if r.shape == (T, H) else 64)
@@ -172,14 +166,6 @@ def test_plan_says_per_device_in_text_dict_and_policy_file():
   assert "per device" in p.policy.description
 
 
-def test_planner_takes_per_device_too():
-  args = big_args()
-  planner = Planner(loss, *args, per_device=True)
-  assert planner.per_device and planner.boundary_only_bytes == L * X_SHARD
-  p = planner.plan("200MiB")
-  assert p.policy == rt.plan(loss, *args, budget="200MiB", per_device=True).policy
-
-
 def test_default_keeps_total_budgets_and_old_keys():
   # Arguments small enough for total budgets, on the same 64 x 4 mesh.
   params = [(sharded(MESH, (8, 16), None, "model"),
@@ -211,8 +197,6 @@ def test_per_device_without_shardings_says_how_to_give_them():
           jax.ShapeDtypeStruct((4, 8), jnp.float32))
   with pytest.raises(ValueError, match="carry no sharding.*AbstractMesh"):
     rt.plan(_plain_loss, *args, budget="1KiB", per_device=True)
-  with pytest.raises(ValueError, match="carry no sharding"):
-    Planner(_plain_loss, *args, per_device=True)
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])
@@ -221,8 +205,6 @@ def test_per_device_must_be_a_bool(value):
           jax.ShapeDtypeStruct((4, 8), jnp.float32))
   with pytest.raises(TypeError, match=f"per_device must be True or False, got {value!r}"):
     rt.plan(_plain_loss, *args, budget="1KiB", per_device=value)
-  with pytest.raises(TypeError, match="per_device must be True or False"):
-    Planner(_plain_loss, *args, per_device=value)
 
 
 def test_arguments_on_two_meshes_are_refused():

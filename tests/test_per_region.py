@@ -8,6 +8,7 @@ model nobody here wrote). These tests read the remat mode from the
 environment: CI runs them with ``jax_remat3`` off, then on (``JAX_REMAT3=1``).
 """
 
+import dataclasses
 import itertools
 import json
 import warnings
@@ -18,14 +19,11 @@ import pytest
 from shared_helpers import assert_trees_close
 from shared_helpers import grad_of
 from shared_helpers import jax_activation_bytes
+from shared_helpers import remat3_enabled
+from shared_helpers import run_cli
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.analysis.trace import TracedProgram
-from remat_toolkit._src.cli import main as cli
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.planning.planner import Planner
-from remat_toolkit._src.policies import catalog
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -64,37 +62,50 @@ OPTIONS = ([rt.Policy(name="bf", save=list(keep)) for n in range(3)
 _EVERY_MIX: dict = {}
 
 
+def region_keys(args):
+  """The keys of the regions of ``loss``: their positions (plain functions)."""
+  return [f"#{i}" for i in range(len(args[0]))]
+
+
 def every_mix(args):
   """Every per-region choice of the candidates, measured on the whole
-  program (7**regions analyses)."""
-  program = TracedProgram(loss, args)
-  keys = program.region_keys
-  return [program.report(rt.Policy(name="bf", regions=list(zip(
-      keys, mix, strict=True))))
-          for mix in itertools.product(OPTIONS, repeat=len(keys))]
+  program (7**regions analyses of one trace)."""
+  keys = region_keys(args)
+  mixes = [rt.Policy(name=f"mix-{i}", regions=list(zip(keys, mix, strict=True)))
+           for i, mix in enumerate(itertools.product(OPTIONS, repeat=len(keys)))]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # what some mixes keep, said per mix
+    return list(rt.compare(loss, *args, policies=mixes).reports.values())
 
 
 def test_per_region_plans_equal_brute_force():
   # remat3 analyses cost several times more: there two regions of one kind.
-  remat3 = compat.remat3_enabled()
+  remat3 = remat3_enabled()
   args = _args((16, 16) if remat3 else (16, 16, 32))
   reports = every_mix(args)
-  planner = Planner(loss, *args)
   lo = min(r.activation_bytes for r in reports)
   hi = max(r.activation_bytes for r in reports)
-  mixed = False
   steps = 6 if remat3 else 10
-  for budget in [lo + (hi - lo) * i // steps for i in range(steps + 1)]:
-    p = planner.plan(budget, per_layer=True)
+  budgets = [lo + (hi - lo) * i // steps for i in range(steps + 1)]
+  plans = [rt.plan(loss, *args, budget=b, per_layer=True) for b in budgets]
+  # Uniform plans at the same budgets, and the plans' own policies measured,
+  # each on one trace.
+  uniform = {f.budget: f for f in rt.frontier(
+      loss, *args, policies=["boundary-only"], budgets=budgets).points
+             if f.source == "plan"}
+  measured = rt.compare(loss, *args, policies=[
+      dataclasses.replace(p.policy, name=f"plan-{i}") for i, p in enumerate(plans)])
+  mixed = False
+  for budget, p, check in zip(budgets, plans, measured.reports.values(),
+                              strict=True):
     fitting = [r for r in reports if r.activation_bytes <= budget]
     assert p.recompute_flops == min(r.recompute_flops for r in fitting), budget
     assert p.activation_bytes <= budget and p.optimal
     # The figures are the analyzer's for the plan's own policy.
-    check = rt.analyze(loss, *args, policy=p)
     assert (check.activation_bytes, check.recompute_flops) == (
         p.activation_bytes, p.recompute_flops)
     # Never worse than the best uniform plan at the same budget.
-    assert p.recompute_flops <= planner.plan(budget).recompute_flops
+    assert p.recompute_flops <= uniform[budget].recompute_flops
     mixed |= len({r.policy for r in p.regions}) > 1
   assert mixed  # some budget is best served by different policies per region
   assert [(r.region, r.kind) for r in p.regions] == [
@@ -110,7 +121,8 @@ def _mid_budget(fn, args, low="boundary-only", high="save-attention"):
 @pytest.mark.parametrize("framework", ["linen", "nnx"])
 def test_a_per_region_policy_keeps_what_jax_keeps(framework):
   fn, args = models.build_loss("tiny", framework=framework)
-  first, second = TracedProgram(fn, args).region_keys
+  first, second = ["layers_0", "layers_1"] if framework == "linen" else [
+      "layers/0", "layers/1"]
   mixed = rt.Policy(name="mixed", regions={first: "save-attention",
                                            second: "save-ffn"})
   report = rt.analyze(fn, *args, policy=mixed)
@@ -139,9 +151,10 @@ def test_an_applied_plan_keeps_what_jax_keeps(framework):
 
 
 def test_an_applied_plan_gives_the_gradients_of_no_remat():
-  planner = Planner(loss, *ARGS)
-  lo, hi = planner.boundary_only_bytes, planner.save_everything_bytes
-  p = next(p for p in (planner.plan(lo + (hi - lo) * i // 10, per_layer=True)
+  bounds = rt.compare(loss, *ARGS, policies=["boundary-only", "save-everything"])
+  lo, hi = (r.activation_bytes for r in bounds.reports.values())
+  p = next(p for p in (rt.plan(loss, *ARGS, budget=lo + (hi - lo) * i // 10,
+                               per_layer=True)
                        for i in range(1, 10))
            if len({r.policy for r in p.regions}) > 1)
   keys = jax.random.split(jax.random.key(0), 7)
@@ -196,10 +209,9 @@ def test_a_plan_saved_and_loaded_is_the_same_policy(tmp_path):
   fn, args = models.build_loss("tiny")
   p = rt.plan(fn, *args, budget=_mid_budget(fn, args), per_layer=True)
   path = rt.save_policy(p, tmp_path / "plan.toml")
-  with catalog.isolated():
-    (loaded,) = rt.load_policies(path)
-    assert loaded == p.policy
-    again = rt.analyze(fn, *args, policy=p.policy.name)
+  (loaded,) = rt.load_policies(path)
+  assert loaded == p.policy
+  again = rt.analyze(fn, *args, policy=p.policy.name)
   assert (again.activation_bytes, again.recompute_flops) == (
       p.activation_bytes, p.recompute_flops)
   data = p.to_dict()
@@ -208,16 +220,17 @@ def test_a_plan_saved_and_loaded_is_the_same_policy(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_plan_per_layer(capsys, tmp_path):
+def test_cli_plan_per_layer(tmp_path):
   path = tmp_path / "plan.toml"
-  assert cli.main(["plan", "--model", "tiny", "--budget", "60KiB",
-                   "--per-layer", "--json", "--save", str(path)]) == 0
-  data = json.loads(capsys.readouterr().out)
+  status, out, _ = run_cli("plan", "--model", "tiny", "--budget", "60KiB",
+                           "--per-layer", "--json", "--save", path)
+  assert status == 0
+  data = json.loads(out)
   assert [r["region"] for r in data["regions"]] == ["layers_0", "layers_1"]
   assert "[regions]" in path.read_text()
-  assert cli.main(["plan", "--model", "tiny", "--budget", "60KiB",
-                   "--per-layer"]) == 0
-  text = capsys.readouterr().out
+  status, text, _ = run_cli("plan", "--model", "tiny", "--budget", "60KiB",
+                            "--per-layer")
+  assert status == 0
   assert "per region" in text and "layers_0" in text
 
 
@@ -240,10 +253,10 @@ def test_the_dense_frontier_fills_the_gaps_between_named_policies():
   # Every step of the exact per-region front, measured.
   assert len(planned) > len({(p.activation_bytes, p.recompute_flops)
                              for p in named if p.on_frontier})
-  program = TracedProgram(loss, ARGS)
-  for p in planned:
+  measured = rt.compare(loss, *ARGS, policies=[
+      dataclasses.replace(p.policy, name=f"point-{i}") for i, p in enumerate(planned)])
+  for p, r in zip(planned, measured.reports.values(), strict=True):
     assert p.activation_bytes <= p.budget
-    r = program.report(p.policy)
     assert (r.activation_bytes, r.recompute_flops) == (
         p.activation_bytes, p.recompute_flops)
     # No named policy that fits the same budget recomputes less.

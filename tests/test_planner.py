@@ -13,23 +13,22 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from shared_helpers import ambient_region
+from shared_helpers import jax_residuals
+from shared_helpers import remat3
+from shared_helpers import remat3_enabled
+from shared_helpers import remat3_offloads
+from shared_helpers import reports_of
+from shared_helpers import run_cli
 
 import remat_toolkit as rt
-from remat_toolkit._src.analysis import residuals as _residuals
-from remat_toolkit._src.analysis.trace import TracedProgram
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.planning import planner
-from remat_toolkit._src.policies import catalog
-from remat_toolkit._src.policies import lowering
+from remat_toolkit import models
 
 S = jax.ShapeDtypeStruct
 B, D, H, K, L = 4, 8, 16, 4, 2
 NAMES = ("n", "a", "b", "h", "u", "s")
 
 
-@ambient_region
-def block(w1, w2, w3, x):
+def block_body(w1, w2, w3, x):
   # ``a`` and ``b`` are slices of the unnamed matmul ``y``: keeping one of
   # them saves no recompute, keeping both saves recomputing ``y``. Costs are
   # not additive here.
@@ -44,10 +43,15 @@ def block(w1, w2, w3, x):
   return x + s @ w3
 
 
-def loss(params, x):
-  for w1, w2, w3 in params:
-    x = block(w1, w2, w3, x)
-  return (x ** 2).mean()
+def loss_of(block):
+  def loss(params, x):
+    for w1, w2, w3 in params:
+      x = block(w1, w2, w3, x)
+    return (x ** 2).mean()
+  return loss
+
+
+loss = loss_of(rt.remat(block_body))
 
 
 ARGS = ([(S((D, H), jnp.float32), S((K, H), jnp.float32),
@@ -55,7 +59,7 @@ ARGS = ([(S((D, H), jnp.float32), S((K, H), jnp.float32),
 _MEASURED: dict = {}
 
 
-@ambient_region
+@rt.remat
 def small_block(w1, w2, x):
   u = rt.tag(jnp.tanh(x) @ w1, "u")
   s = rt.tag(jnp.tanh(u), "s")
@@ -77,11 +81,10 @@ def every_choice(*, offload=False):
   alternatives, each measured by the analyzer (cached per remat mode).
 
   With ``offload``, of the three-name ``small_loss`` (3**3 choices)."""
-  key = (compat.remat3_enabled(), offload)
+  key = (remat3_enabled(), offload)
   if key not in _MEASURED:
     fn, args, names = ((small_loss, SMALL_ARGS, ("u", "s", "o")) if offload
                        else (loss, ARGS, NAMES))
-    program = TracedProgram(fn, args)
     options = ("save", "recompute", "offload") if offload else ("save",
                                                                 "recompute")
     policies = []
@@ -96,7 +99,7 @@ def every_choice(*, offload=False):
       modes.append({"matmuls": "offload-no-batch"})
     for mode in modes:
       policies.append(rt.Policy(name="bf", **mode))
-    _MEASURED[key] = [program.report(p) for p in policies]
+    _MEASURED[key] = reports_of(fn, args, policies)
   return _MEASURED[key]
 
 
@@ -110,34 +113,34 @@ def brute_force(budget, *, offload=False, transfer=0.0):
   return best
 
 
-def budgets_between(program, count):
-  lo = program.report(rt.get_policy("boundary-only")).activation_bytes
-  hi = program.report(rt.get_policy("save-everything")).activation_bytes
+def budgets_between(count, fn=loss, args=ARGS):
+  lo, hi = (r.activation_bytes for r in reports_of(
+      fn, args, ["boundary-only", "save-everything"]))
   return [lo + (hi - lo) * i // (count - 1) for i in range(count)]
 
 
 def test_test_model_is_not_additive(remat_mode):
-  program = TracedProgram(loss, ARGS)
-  flops = {k: program.report(rt.Policy(name="p", save=list(k))).recompute_flops
-           for k in [(), ("a",), ("b",), ("a", "b")]}
+  subsets = [(), ("a",), ("b",), ("a", "b")]
+  flops = dict(zip(subsets, (r.recompute_flops for r in reports_of(
+      loss, ARGS, [rt.Policy(name="p", save=list(k)) for k in subsets])),
+                   strict=True))
   # Each alone saves nothing, together they save the shared matmul.
   assert flops[()] == flops[("a",)] == flops[("b",)] > flops[("a", "b")]
 
 
 def test_plans_equal_brute_force_over_every_subset(remat_mode):
-  program = TracedProgram(loss, ARGS)
-  budgets = budgets_between(program, 7)
+  budgets = budgets_between(7)
   # frontier plans at every budget on one trace (the planner's own search).
   plans = [p for p in rt.frontier(loss, *ARGS, budgets=budgets,
                                   max_evaluations=400).points
            if p.source == "plan"]
   assert sorted(p.budget for p in plans) == budgets
-  for p in plans:
+  checks = reports_of(loss, ARGS, [p.policy for p in plans])
+  for p, check in zip(plans, checks, strict=True):
     cost, _ = brute_force(p.budget)
     assert p.recompute_flops == cost, p.budget
     assert p.activation_bytes <= p.budget
     # The numbers are measurements of the plan's own policy.
-    check = program.report(p.policy)
     assert (check.activation_bytes, check.recompute_flops) == (
         p.activation_bytes, p.recompute_flops)
   # The interaction matters: some plan keeps both a and b.
@@ -145,8 +148,7 @@ def test_plans_equal_brute_force_over_every_subset(remat_mode):
 
 
 def test_plan_is_proven_optimal_and_matches_brute_force(remat_mode):
-  program = TracedProgram(loss, ARGS)
-  for budget in budgets_between(program, 7)[2:3]:
+  for budget in budgets_between(7)[2:3]:
     p = rt.plan(loss, *ARGS, budget=budget)
     assert p.optimal
     assert p.recompute_flops == brute_force(budget)[0]
@@ -154,33 +156,23 @@ def test_plan_is_proven_optimal_and_matches_brute_force(remat_mode):
 
 
 def test_plan_saves_what_jax_saves_for_the_same_names(remat_mode):
-  program = TracedProgram(loss, ARGS)
-  p = rt.plan(loss, *ARGS, budget=budgets_between(program, 7)[2])
+  p = rt.plan(loss, *ARGS, budget=budgets_between(7)[2])
   kept = sorted(n for n, d in p.decisions.items() if d == "save")
   assert kept and list(p.policy.save) == kept
   by_hand = jax.checkpoint_policies.save_only_these_names(*kept)
-
-  def fn_by_hand(params, x):
-    with lowering.substitute_ambient(by_hand):
-      return loss(params, x)
-
-  found = compat.saved_residuals(fn_by_hand, *ARGS)
-  jax_bytes = sum(_residuals.aval_nbytes(a) for a, d in found
-                  if "from the argument" not in d)
-  assert p.activation_bytes == jax_bytes
+  found = jax_residuals(loss_of(jax.checkpoint(block_body, policy=by_hand)), *ARGS)
+  assert p.activation_bytes == sum(r.nbytes for r in found if r.kind != "argument")
   saved_names = {r.name for r in p.report.activations if r.name}
   assert saved_names <= set(kept)
   # Under the plan as ambient policy, the model keeps exactly that.
-  with rt.use_policy(p.policy):
-    ambient = compat.saved_residuals(loss, *ARGS)
-  assert sorted(map(str, found)) == sorted(map(str, ambient))
+  ambient = jax_residuals(loss, *ARGS, policy=p.policy)
+  assert (sorted((r.shape, r.dtype, r.what) for r in found)
+          == sorted((r.shape, r.dtype, r.what) for r in ambient))
 
 
 def test_plan_never_worse_than_the_best_fitting_named_policy(remat_mode):
-  program = TracedProgram(loss, ARGS)
-  shared = planner.Planner(loss, *ARGS)  # one trace for several budgets
-  for budget in budgets_between(program, 7)[1:4:2]:
-    p = shared.plan(budget)
+  for budget in budgets_between(7)[1:4:2]:
+    p = rt.plan(loss, *ARGS, budget=budget)
     fitting = [f for f in p.named if f.fits]
     assert fitting, budget
     assert all(f.activation_bytes <= budget for f in fitting)
@@ -189,21 +181,19 @@ def test_plan_never_worse_than_the_best_fitting_named_policy(remat_mode):
     assert [f.cost for f in closest] == sorted(f.cost for f in closest)
     assert closest[0].cost == min(f.cost for f in fitting)
     named = {f.name: f for f in p.named}
-    report = program.report(rt.get_policy(closest[0].name))
+    report = rt.analyze(loss, *ARGS, policy=closest[0].name)
     assert named[closest[0].name].activation_bytes == report.activation_bytes
 
 
 def test_budget_below_the_smallest_raises_and_says_the_smallest(remat_mode):
   least = min(r.activation_bytes for r in every_choice())
-  shared = planner.Planner(loss, *ARGS)
   with pytest.raises(ValueError, match=f"least .* measured is .*{least} bytes"):
-    shared.plan(least - 1)
-  assert shared.plan(least).activation_bytes == least
+    rt.plan(loss, *ARGS, budget=least - 1)
+  assert rt.plan(loss, *ARGS, budget=least).activation_bytes == least
 
 
 def test_budget_strings_and_bad_budgets():
-  program = TracedProgram(loss, ARGS)
-  budget = budgets_between(program, 3)[1]
+  budget = budgets_between(3)[1]
   kib = math.ceil(budget / 1024)
   assert (rt.plan(loss, *ARGS, budget=f"{kib}KiB").policy
           == rt.plan(loss, *ARGS, budget=kib * 1024).policy)
@@ -213,12 +203,6 @@ def test_budget_strings_and_bad_budgets():
           == rt.plan(loss, *ARGS, budget=kib * 1024).policy)
   with pytest.raises(TypeError, match="memory size"):
     rt.plan(loss, *ARGS, budget=[kib])
-
-
-@pytest.fixture
-def fresh_catalogue():
-  with catalog.isolated(fresh=True):
-    yield
 
 
 def test_plan_does_not_register_until_asked(fresh_catalogue):
@@ -232,8 +216,7 @@ def test_plan_does_not_register_until_asked(fresh_catalogue):
 
 
 def test_save_writes_a_policy_file_that_loads_back_equal(tmp_path, fresh_catalogue):
-  program = TracedProgram(loss, ARGS)
-  p = rt.plan(loss, *ARGS, budget=budgets_between(program, 4)[2])
+  p = rt.plan(loss, *ARGS, budget=budgets_between(4)[2])
   path = rt.save_policy(p, tmp_path / "planned.toml")
   loaded = rt.load_policies(path)
   assert loaded == [p.policy]
@@ -265,7 +248,7 @@ def test_whole_alternative_round_trips(tmp_path, fresh_catalogue):
 
 
 def test_names_with_glob_characters_are_matched_literally(remat_mode):
-  @ambient_region
+  @rt.remat
   def odd(w, v, x):
     h = rt.tag(x @ w, "mlp[0]*")  # the pattern mlp[0]* also matches mlp0x
     g = rt.tag(jnp.sin(h) * 2.0, "mlp0x")
@@ -284,9 +267,8 @@ def test_names_with_glob_characters_are_matched_literally(remat_mode):
 
 
 def test_offload_is_a_third_choice_costed_by_bandwidth():
-  with compat.remat3(False):
-    program = TracedProgram(small_loss, SMALL_ARGS)
-    lo = program.report(rt.get_policy("boundary-only")).activation_bytes
+  with remat3(False):
+    lo = rt.analyze(small_loss, *SMALL_ARGS, policy="boundary-only").activation_bytes
     transfer = 1e-3  # FLOP-equivalents per byte moved: offloading is cheap
     cost, _ = brute_force(lo, offload=True, transfer=transfer)
     p = rt.plan(small_loss, *SMALL_ARGS, budget=lo, allow_offload=True,
@@ -302,13 +284,13 @@ def test_offload_is_a_third_choice_costed_by_bandwidth():
 
 
 def test_option_errors():
-  if not compat.remat3_offloads():
-    with compat.remat3(True):
+  if not remat3_offloads():
+    with remat3(True):
       with pytest.raises(ValueError, match=f"jax {jax.__version__}"):
         rt.plan(loss, *ARGS, budget="1MiB", allow_offload=True)
   with pytest.raises(ValueError, match="allow_offload"):
     rt.plan(loss, *ARGS, budget="1MiB", host_budget="1GiB")
-  with compat.remat3(False), pytest.raises(ValueError, match="host_bandwidth"):
+  with remat3(False), pytest.raises(ValueError, match="host_bandwidth"):
     rt.plan(loss, *ARGS, budget="1MiB", allow_offload=True, host_bandwidth=0)
   with pytest.raises(ValueError, match="no remat region"):
     rt.plan(lambda w, x: (x @ w).sum(), S((D, D), jnp.float32),
@@ -340,9 +322,11 @@ def chain(group):
       x = x + t(jnp.tanh(h @ w2), "u") @ w3
     return x
 
+  grouped = rt.remat(region)
+
   def fn(params, x):
     for i in range(0, layers, group):
-      x = ambient_region(region)(params[i:i + group], x)
+      x = grouped(params[i:i + group], x)
     return (x ** 2).mean()
 
   args = ([(S((D, H), jnp.float32), S((H, H), jnp.float32),
@@ -358,17 +342,16 @@ def test_groups_report_boundaries_plus_one_region(remat_mode):
   assert "skipped" in by_group[3].note
   for g in (None, 4):
     est = by_group[g]
-    program = TracedProgram(*chain(g or 1))
-    whole = max(program.report(p).activation_bytes for p in (
-        rt.get_policy("save-everything"), rt.get_policy("save-matmuls"),
-        rt.Policy(name="all", save=["a", "u"])))
+    everything, matmuls, all_names, boundary = reports_of(*chain(g or 1), [
+        "save-everything", "save-matmuls", rt.Policy(name="all", save=["a", "u"]),
+        "boundary-only"])
+    whole = max(r.activation_bytes for r in (everything, matmuls, all_names))
     regions = 4 // (g or 1)
     assert est.regions == regions
     assert est.everything_bytes == whole
     assert est.workspace_bytes == max(whole - est.activation_bytes, 0) // regions
     assert est.estimated_peak == est.activation_bytes + est.workspace_bytes
-    assert est.boundary_bytes == program.report(
-        rt.get_policy("boundary-only")).activation_bytes
+    assert est.boundary_bytes == boundary.activation_bytes
   fitting = [g for g in p.groups if g.fits]
   assert p.recompute_flops == min(g.recompute_flops for g in fitting)
   assert p.estimated_peak <= p.budget
@@ -440,9 +423,8 @@ def test_frontier_points_and_pareto_flags(remat_mode):
                          or q.recompute_flops < p.recompute_flops)
                     for q in f.points)
     assert p.on_frontier == (not dominated)
-  program = TracedProgram(loss, ARGS)
-  for p in f.points:
-    r = program.report(p.policy)
+  for p, r in zip(f.points, reports_of(loss, ARGS, [p.policy for p in f.points]),
+                  strict=True):
     assert (r.activation_bytes, r.recompute_flops) == (p.activation_bytes,
                                                        p.recompute_flops)
   # Plans are on the frontier among named policies at their budgets.
@@ -468,33 +450,31 @@ def test_frontier_plot_and_given_policies():
 
 # ------------------------------------------------------------------ CLI
 
-def test_cli_plan_json_save_and_errors(tmp_path, capsys, fresh_catalogue):
-  from remat_toolkit import models
-  from remat_toolkit._src.cli import main as cli
+def test_cli_plan_json_save_and_errors(tmp_path, fresh_catalogue):
   path = tmp_path / "p.toml"
-  assert cli.main(["plan", "--model", "tiny", "--budget", "60KiB", "--json",
-                   "--max-evaluations", "8", "--save", str(path)]) == 0
-  captured = capsys.readouterr()
-  data = json.loads(captured.out)
-  assert "wrote" in captured.err
+  status, out, err = run_cli("plan", "--model", "tiny", "--budget", "60KiB",
+                             "--json", "--max-evaluations", "8", "--save", path)
+  assert status == 0
+  data = json.loads(out)
+  assert "wrote" in err
   fn, args = models.build_loss("tiny")
   direct = rt.plan(fn, *args, budget="60KiB", max_evaluations=8)
   assert data["policy"]["save"] == list(direct.policy.save)
   assert data["activation_bytes"] == direct.activation_bytes <= 60 * 1024
   assert rt.load_policies(path) == [direct.policy]
   # Below the least any policy keeps: one line on stderr, status 2.
-  assert cli.main(["plan", "--model", "tiny", "--budget", "1KiB"]) == 2
-  err = capsys.readouterr().err
+  status, _, err = run_cli("plan", "--model", "tiny", "--budget", "1KiB")
+  assert status == 2
   assert "least activation memory measured" in err and "Traceback" not in err
-  assert cli.main(["plan", "--model", "tiny", "--budget", "lots"]) == 2
-  assert "not a memory size" in capsys.readouterr().err
+  status, _, err = run_cli("plan", "--model", "tiny", "--budget", "lots")
+  assert status == 2 and "not a memory size" in err
 
 
-def test_cli_plan_text_and_group_sizes(capsys):
-  from remat_toolkit._src.cli import main as cli
-  assert cli.main(["plan", "--model", "tiny", "--budget", "400KiB",
-                   "--max-evaluations", "4", "--group-sizes", "1,2"]) == 0
-  text = capsys.readouterr().out
+def test_cli_plan_text_and_group_sizes():
+  status, text, _ = run_cli("plan", "--model", "tiny", "--budget", "400KiB",
+                            "--max-evaluations", "4", "--group-sizes", "1,2")
+  assert status == 0
   assert "group sizes" in text and "best named policy" in text
-  assert cli.main(["plan", "--model", "tiny", "--budget", "1MiB",
-                   "--group-sizes", "0"]) == 2
+  status, _, _ = run_cli("plan", "--model", "tiny", "--budget", "1MiB",
+                         "--group-sizes", "0")
+  assert status == 2

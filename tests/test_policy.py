@@ -7,19 +7,21 @@ import pytest
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+from shared_helpers import name_p
+from shared_helpers import offloading_unsupported
+from shared_helpers import remat3
+from shared_helpers import remat3_honours
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.policies import catalog
-from remat_toolkit._src.policies.policy import MATMUL_MODES
-from remat_toolkit._src.policies.policy import Lowering
+from remat_toolkit.results import Lowering
 
 cp = jax.checkpoint_policies
+MATMUL_MODES = ("none", "all", "no-batch", "offload-no-batch")
 
 
 def _builtins():
-  return [catalog.parse_policy_file(f)
-          for f in sorted(catalog.builtin_policy_dir().glob("*.toml"))]
+  """Every built-in policy, the two baselines included."""
+  return [rt.get_policy(name) for name in rt.list_policies()]
 
 
 # ------------------------------------------------------------ validation
@@ -104,12 +106,12 @@ def test_lowering_for_each_matmuls_mode(remat_mode):
   offload = policies["offload-no-batch"]
   assert offload.lowering() == Lowering("offload_dot_with_no_batch_dims",
                                         ("device", "pinned_host"))
-  if compat.offloading_unsupported():
+  if offloading_unsupported():
     with pytest.raises(ValueError, match="jax_remat3"):
       offload.to_jax()
   else:
-    assert offload.to_jax() is compat.jax_policy(
-        "offload_dot_with_no_batch_dims", "device", "pinned_host")
+    assert offload.to_jax() is Lowering("offload_dot_with_no_batch_dims",
+                                        ("device", "pinned_host")).to_jax()
 
 
 def test_equal_lowerings_give_one_jax_object_on_every_release():
@@ -135,7 +137,7 @@ def test_offload_lowers_to_save_and_offload(remat_mode):
       "save_and_offload_only_these_names",
       (("attn.k",), ("attn.q",), "device", "unpinned_host"))
   assert "unpinned_host" in p.describe_lowering()
-  if compat.offloading_unsupported():
+  if offloading_unsupported():
     with pytest.raises(ValueError, match=f"jax {jax.__version__}"):
       p.to_jax()
   else:
@@ -206,16 +208,16 @@ def test_builtins_lower_only_to_jax_constructors(policy, monkeypatch):
   monkeypatch.setattr(cp, "save_anything_except_these_names", stub)
   lowering = policy.lowering()
   assert lowering.constructor in _JAX_CONSTRUCTORS
-  with compat.remat3(False):
-    assert policy.to_jax() is compat.jax_policy(lowering.constructor,
-                                                *lowering.args)
+  with remat3(False):
+    assert policy.to_jax() is Lowering(lowering.constructor,
+                                       lowering.args).to_jax()
 
 
 @pytest.mark.parametrize("policy", [p for p in _builtins() if not p.offloads],
                          ids=lambda p: p.name)
 def test_builtins_that_save_keep_their_meaning_under_remat3(policy):
-  with compat.remat3(True):
-    assert compat.remat3_honours(policy.to_jax())
+  with remat3(True):
+    assert remat3_honours(policy.to_jax())
 
 
 @pytest.mark.parametrize("policy", [p for p in _builtins() if not p.offloads],
@@ -225,8 +227,8 @@ def test_describe_lowering_is_what_to_jax_returns(policy):
   lowered = policy.to_jax()
   aval = jax.core.ShapedArray((2,), jax.numpy.float32)
   for name in sorted(set(rt.names.VOCABULARY) | set(rt.names.MAXTEXT_NAMES)):
-    assert (described(compat.name_p, aval, name=name)
-            == lowered(compat.name_p, aval, name=name)), name
+    assert (described(name_p, aval, name=name)
+            == lowered(name_p, aval, name=name)), name
 
 
 @pytest.mark.parametrize("policy", [p for p in _builtins() if p.offloads],
@@ -236,7 +238,7 @@ def test_describe_lowering_names_the_offload_constructor(policy):
   assert text.startswith("jax.checkpoint_policies." + policy.lowering().constructor)
   assert "pinned_host" in text
   # Offloading is refused while remat3 cannot offload: compare with it off.
-  with compat.remat3(False):
+  with remat3(False):
     described = eval(text, {"jax": jax})  # noqa: S307
     lowered = policy.to_jax()
   assert type(described) is type(lowered)  # a fresh closure on 0.12

@@ -8,16 +8,17 @@ constructor written out by hand here, under ``jax_remat3`` off and on.
 """
 
 import collections
-import re
 
 import jax
 import jax.numpy as jnp
 import pytest
+from shared_helpers import checkpoint_name_of
+from shared_helpers import jax_residuals
+from shared_helpers import remat3
+from shared_helpers import remat3_offloads
+from shared_helpers import sub_jaxprs
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import jaxpr as _jaxpr
-from remat_toolkit._src.policies import catalog
 
 cp = jax.checkpoint_policies
 
@@ -157,20 +158,19 @@ NAME_LISTS = sorted(SAVED_NAMES)
 
 # ------------------------------------------------------------ measuring
 
-Residual = collections.namedtuple("Residual", "dtype shape memory description")
+Residual = collections.namedtuple("Residual",
+                                  "dtype shape memory kind name description")
 
 
 def _residuals(jax_policy):
   fn = jax.checkpoint(_block, policy=jax_policy)
-  return sorted(
-      Residual(str(aval.dtype), tuple(aval.shape),
-               _jaxpr.memory_kind_of(aval), desc)
-      for aval, desc in compat.saved_residuals(fn, X, PARAMS))
+  return sorted(Residual(r.dtype, r.shape, r.memory_kind, r.kind, r.name or "",
+                         r.description)
+                for r in jax_residuals(fn, X, PARAMS))
 
 
 def _names(residuals):
-  found = (re.search(r"named '([^']+)'", r.description) for r in residuals)
-  return collections.Counter(m.group(1) for m in found if m)
+  return collections.Counter(r.name for r in residuals if r.name)
 
 
 def _nbytes(residuals):
@@ -192,8 +192,8 @@ def _summary(residuals):
 def _tag_shapes():
   """Checkpoint name -> shape, read from the traced function itself."""
   jaxpr = jax.make_jaxpr(_block)(X, PARAMS).jaxpr
-  return {compat.checkpoint_name_of(e): tuple(e.outvars[0].aval.shape)
-          for e in jaxpr.eqns if compat.checkpoint_name_of(e)}
+  return {checkpoint_name_of(e): tuple(e.outvars[0].aval.shape)
+          for e in jaxpr.eqns if checkpoint_name_of(e)}
 
 
 def _dot_batch_dims(jaxpr):
@@ -201,7 +201,7 @@ def _dot_batch_dims(jaxpr):
     if eqn.primitive.name == "dot_general":
       (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
       yield len(lhs_batch)
-    for sub in _jaxpr.sub_jaxprs(eqn):
+    for sub in sub_jaxprs(eqn):
       yield from _dot_batch_dims(sub)
 
 
@@ -217,10 +217,8 @@ def test_the_function_has_what_the_policies_select():
   assert sum(b == 0 for b in batch_dims) >= 2, "needs unbatched dots"
 
 
-def test_every_builtin_policy_is_covered():
-  with catalog.isolated(fresh=True):
-    builtins = set(rt.list_policies())
-  assert builtins == set(HAND_WRITTEN)
+def test_every_builtin_policy_is_covered(fresh_catalogue):
+  assert set(rt.list_policies()) == set(HAND_WRITTEN)
 
 
 @pytest.mark.parametrize("name", SAVING)
@@ -257,7 +255,7 @@ def test_policies_really_differ(remat_mode):
 
 def test_boundary_only_keeps_only_region_inputs(remat_mode):
   residuals = _residuals(rt.get_policy("boundary-only").to_jax())
-  assert all("argument" in r.description for r in residuals)
+  assert all(r.kind == "argument" for r in residuals)
   assert len(residuals) == 1 + len(PARAMS)
 
 
@@ -265,8 +263,8 @@ def test_boundary_only_keeps_only_region_inputs(remat_mode):
 def test_offload_policies_under_remat3_run_or_refuse_by_release(name):
   # jax 0.10/0.11's remat3 ignores offloading (silently full remat), so the
   # policy refuses to lower; jax 0.12's offloads, so it keeps its meaning.
-  with compat.remat3(True):
-    if compat.remat3_offloads():
+  with remat3(True):
+    if remat3_offloads():
       assert (_residuals(rt.get_policy(name).to_jax())
               == _residuals(HAND_WRITTEN[name]))
     else:
@@ -276,7 +274,7 @@ def test_offload_policies_under_remat3_run_or_refuse_by_release(name):
 
 @pytest.mark.parametrize("name", OFFLOADING)
 def test_offload_policies_offload_what_jax_offloads(name):
-  with compat.remat3(False):
+  with remat3(False):
     ours = _residuals(rt.get_policy(name).to_jax())
     theirs = _residuals(HAND_WRITTEN[name])
     inputs_only = _residuals(cp.nothing_saveable)
@@ -291,25 +289,25 @@ def test_offload_policies_offload_what_jax_offloads(name):
 def test_offloaded_residuals_are_the_named_tensors(name):
   shapes = _tag_shapes()
   expected = sorted(shapes[n] for n in OFFLOADED_NAMES[name] if n in shapes)
-  with compat.remat3(False):
+  with remat3(False):
     host = [r for r in _residuals(rt.get_policy(name).to_jax())
             if r.memory == "host"]
   assert sorted(r.shape for r in host) == expected
 
 
 def test_offload_matmuls_no_batch_moves_the_unbatched_dots_to_host():
-  with compat.remat3(False):
+  with remat3(False):
     host = [r for r in
             _residuals(rt.get_policy("offload-matmuls-no-batch").to_jax())
             if r.memory == "host"]
     kept = [r for r in
             _residuals(rt.get_policy("save-matmuls-no-batch").to_jax())
-            if "argument" not in r.description]
+            if r.kind != "argument"]
   assert sorted(r.shape for r in host) == sorted(r.shape for r in kept)
 
 
 def test_offloaded_gradients_run_on_this_backend():
-  with compat.remat3(False):
+  with remat3(False):
     policy = rt.get_policy("offload-projections").to_jax()
     grads = jax.grad(jax.checkpoint(_block, policy=policy), argnums=1)(X, PARAMS)
   expected = jax.grad(_block, argnums=1)(X, PARAMS)

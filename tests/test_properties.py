@@ -20,21 +20,24 @@ Hypothesis's simplest example; the others change when the test's source does).
 """
 
 import jax
+import numpy as np
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+from shared_helpers import GRADIENT_RTOL
+from shared_helpers import QUICK_XLA
+from shared_helpers import assert_gradients_close
+from shared_helpers import checkpoint_names
+from shared_helpers import concrete
 from shared_helpers import jax_accounting
+from shared_helpers import remat3 as jax_remat3
 from shared_helpers import runnable_policies
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.analysis import verify as verify_module
-from remat_toolkit._src.analysis.trace import TracedProgram
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core.inputs import random_tree
 from remat_toolkit.names import VOCABULARY
 
 # Each test draws or fixes the remat mode itself, so the JAX_REMAT3=1 pass skips them.
@@ -100,7 +103,7 @@ def gradients_per_policy(config, framework, policies):
   fn, args = models.build_loss(config, framework=framework, dropout=dropout)
   reference, _ = models.build_loss(config, remat=False, framework=framework,
                                    dropout=dropout)
-  params, batch = random_tree(args, seed=0)
+  params, batch = concrete(args, seed=0)
 
   def every_policy(params, batch):
     # One program for all policies: one compilation.
@@ -111,20 +114,14 @@ def gradients_per_policy(config, framework, policies):
     return out
 
   first, *rest = jax.jit(every_policy).lower(params, batch).compile(
-      verify_module.COMPILER_OPTIONS)(params, batch)
+      QUICK_XLA)(params, batch)
   return first, rest
 
 
 def assert_same_gradients(config, policies, reference, results):
-  rtol, atol = verify_module.default_tolerances([config.activation_dtype])
-  ref_loss, ref_grads = reference
-  want = [ref_loss, *jax.tree_util.tree_leaves(ref_grads)]
-  labels = ["loss"] + [jax.tree_util.keystr(p) for p, _ in
-                       jax.tree_util.tree_flatten_with_path(ref_grads)[0]]
-  for name, (loss, grads) in zip(policies, results, strict=True):
-    diff = verify_module.compare_values(
-        [loss, *jax.tree_util.tree_leaves(grads)], want, labels, rtol, atol)
-    assert diff.ok, (name, diff)
+  rtol = GRADIENT_RTOL[np.dtype(config.activation_dtype).name]
+  for name, result in zip(policies, results, strict=True):
+    assert_gradients_close(result, reference, rtol, name)
 
 
 @settings(max_examples=1, **_SETTINGS)
@@ -136,7 +133,7 @@ def assert_same_gradients(config, policies, reference, results):
 def test_gradients_equal_no_remat(config, framework, remat3, policies):
   # A few policies per example keep compilation short; every built-in is
   # checked on one shape by the test below.
-  with compat.remat3(remat3):
+  with jax_remat3(remat3):
     policies = [p for p in policies if p in runnable_policies()]
     reference, results = gradients_per_policy(config, framework, policies)
   assert_same_gradients(config, policies, reference, results)
@@ -149,7 +146,7 @@ def test_gradients_equal_no_remat_for_every_builtin():
   config = models.get_config("tiny", num_layers=1, d_model=8, num_heads=2,
                              d_ff=16, seq_len=4, batch_size=1, vocab_size=16,
                              dropout_rate=0.2)
-  with compat.remat3(remat3):
+  with jax_remat3(remat3):
     policies = runnable_policies()
     reference, results = gradients_per_policy(config, "linen", policies)
   assert_same_gradients(config, policies, reference, results)
@@ -161,7 +158,7 @@ def test_gradients_equal_no_remat_for_every_builtin():
 @given(config=gpt_configs(), framework=frameworks, remat3=st.booleans())
 @example(config=SCANNED_SWIGLU, framework="linen", remat3=False)
 def test_analyzer_bytes_equal_jax_accounting(config, framework, remat3):
-  with compat.remat3(remat3):
+  with jax_remat3(remat3):
     fn, args = models.build_loss(config, framework=framework)
     comparison = rt.compare(fn, *args, policies=runnable_policies())
     for name, report in comparison.reports.items():
@@ -191,12 +188,12 @@ def nested_pairs(names: frozenset[str]) -> list[tuple[str, str]]:
 @example(config=UNROLLED_GELU_SQRT, framework="nnx", remat3=True)
 def test_activation_bytes_are_ordered_where_kept_sets_are_nested(
     config, framework, remat3):
-  with compat.remat3(remat3):
+  with jax_remat3(remat3):
     fn, args = models.build_loss(config, framework=framework)
-    program = TracedProgram(fn, args)
-    pairs = nested_pairs(program.names)
-    needed = {p for pair in pairs for p in pair} | {"save-everything"}
-    kept = {n: program.report(rt.get_policy(n)).activation_bytes for n in needed}
+    pairs = nested_pairs(checkpoint_names(jax.make_jaxpr(fn)(*args).jaxpr))
+    needed = sorted({p for pair in pairs for p in pair} | {"save-everything"})
+    comparison = rt.compare(fn, *args, policies=needed)
+    kept = {n: r.activation_bytes for n, r in comparison.reports.items()}
   # This chain of built-ins, each keeping what the one before keeps and more, is
   # among the nested pairs on this model.
   chain = ["boundary-only", "save-qkv", "save-attention",
@@ -224,7 +221,7 @@ def test_nesting_is_read_from_the_policy_files():
 def test_the_chain_is_strictly_increasing_on_the_tiny_model(remat3):
   # Guards the ordering property against a model where every policy keeps
   # the same bytes (it would hold vacuously).
-  with compat.remat3(remat3):
+  with jax_remat3(remat3):
     fn, args = models.build_loss("tiny")
     comparison = rt.compare(fn, *args, policies=[
         "boundary-only", "save-qkv", "save-attention",

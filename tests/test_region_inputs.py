@@ -8,18 +8,16 @@ does. Under every other policy the region is the ``jax.checkpoint`` a user
 writes by hand, and the analyzer counts what JAX keeps in both cases.
 """
 
-import re
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import checkpoint_name
+from shared_helpers import jax_residuals
+from shared_helpers import remat3
+from shared_helpers import remat3_offloads
 
 import remat_toolkit as rt
-from remat_toolkit._src.analysis import residuals as _residuals
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 OFFLOAD_BOUNDARIES = cp.save_and_offload_only_these_names(
@@ -33,13 +31,13 @@ def _layer(w, x):
 
 
 def _kept(fn, *args):
-  """(shape, memory, category) of what JAX keeps, sources left out."""
-  out = []
-  for aval, desc in compat.saved_residuals(fn, *args):
-    category = re.sub(r" from .*", "", desc)
-    category = re.sub(r"from the argument .*", "argument", category)
-    out.append((tuple(aval.shape), _jaxpr.memory_kind_of(aval), category))
-  return sorted(out)
+  """(shape, memory, what) of what JAX keeps, sources left out."""
+  return sorted((r.shape, r.memory_kind, r.what) for r in jax_residuals(fn, *args))
+
+
+def _host(fn, *args):
+  """What JAX keeps in host memory."""
+  return [r for r in jax_residuals(fn, *args) if r.memory_kind == "host"]
 
 
 W = jnp.full((4, 4), 0.1)
@@ -71,7 +69,7 @@ def _by_hand(jax_policy, named):
 
 
 def test_offload_boundaries_moves_every_region_input_to_the_host():
-  with compat.remat3(False):
+  with remat3(False):
     ours = _kept(_ours("offload-boundaries"), W, X)
     assert ours == _kept(_by_hand(OFFLOAD_BOUNDARIES, named=True), W, X)
     host = [k for k in ours if k[1] == "host"]
@@ -80,9 +78,7 @@ def test_offload_boundaries_moves_every_region_input_to_the_host():
     assert len(host) == 4
     report = rt.analyze(_loss, W, X, policy="offload-boundaries")
     assert report.offloaded_bytes == sum(
-        _residuals.aval_nbytes(a) for a, _ in compat.saved_residuals(
-            _ours("offload-boundaries"), W, X)
-        if _jaxpr.memory_kind_of(a) == "host")
+        r.nbytes for r in _host(_ours("offload-boundaries"), W, X))
     assert report.activation_bytes == 0
 
 
@@ -119,10 +115,9 @@ def test_a_model_that_tags_nothing_offloads_its_layer_inputs():
   def loss(p, x):
     return model.apply(p, x).sum()
 
-  with compat.remat3(False):
-    kept = compat.saved_residuals(_ours("offload-boundaries", loss), params, X)
-    host = [a for a, _ in kept if _jaxpr.memory_kind_of(a) == "host"]
-    assert [tuple(a.shape) for a in host] == [X.shape] * 3  # one per layer
+  with remat3(False):
+    host = _host(_ours("offload-boundaries", loss), params, X)
+    assert [r.shape for r in host] == [X.shape] * 3  # one per layer
     report = rt.analyze(loss, params, X, policy="offload-boundaries")
     assert report.offloaded_bytes == 3 * X.size * X.dtype.itemsize
     named = [r for r in report.residuals if r.name == "block.input"]
@@ -133,9 +128,9 @@ def test_a_model_that_tags_nothing_offloads_its_layer_inputs():
 
 
 def test_offload_boundaries_refuses_under_remat3_where_jax_cannot_offload():
-  if compat.remat3_offloads():
+  if remat3_offloads():
     pytest.skip("this JAX offloads under jax_remat3")
-  with compat.remat3(True), pytest.raises(ValueError, match="remat3"):
+  with remat3(True), pytest.raises(ValueError, match="remat3"):
     jax.grad(_ours("offload-boundaries"))(W, X)
 
 
@@ -152,10 +147,10 @@ def test_scanned_layers_offload_their_stacked_inputs():
   def loss(p, x):
     return model.apply(p, x).sum()
 
-  with compat.remat3(False):
-    kept = [a for a, d in compat.saved_residuals(_ours("offload-boundaries", loss), params, X)
-            if not d.startswith("from the argument")]
-    assert [(tuple(a.shape), _jaxpr.memory_kind_of(a)) for a in kept] == [
+  with remat3(False):
+    kept = [r for r in jax_residuals(_ours("offload-boundaries", loss), params, X)
+            if r.kind != "argument"]
+    assert [(r.shape, r.memory_kind) for r in kept] == [
         ((3, *X.shape), "host")]  # one input per layer, stacked by the scan
     report = rt.analyze(loss, params, X, policy="offload-boundaries")
     assert report.offloaded_bytes == 3 * X.size * X.dtype.itemsize
@@ -179,21 +174,19 @@ def test_repolicy_names_the_inputs_of_a_model_that_remats_itself():
   def loss(p, x):
     return model.apply(p, x).sum()
 
-  with compat.remat3(False):
+  with remat3(False):
     offloading = rt.repolicy(loss, "offload-boundaries")
-    kept = compat.saved_residuals(offloading, params, X)
-    host = [a for a, _ in kept if _jaxpr.memory_kind_of(a) == "host"]
+    host = _host(offloading, params, X)
     # The layers' computed inputs; not the weights nn.remat passes in, nor
     # the first layer's input x: arguments the caller holds anyway.
-    assert [tuple(a.shape) for a in host] == [X.shape] * 2
+    assert [r.shape for r in host] == [X.shape] * 2
     report = rt.analyze(rt.repolicy(loss), params, X, policy="offload-boundaries")
     named = [r for r in report.residuals if r.name == "block.input"]
     assert [r.module_path for r in named] == ["layer_1", "layer_2"]
-    assert report.offloaded_bytes == sum(
-        _residuals.aval_nbytes(a) for a in host)
+    assert report.offloaded_bytes == sum(r.nbytes for r in host)
     # The same regions under another policy are the model's own, unnamed.
-    plain = compat.saved_residuals(rt.repolicy(loss, "boundary-only"), params, X)
-    assert not any("block.input" in d for _, d in plain)
+    plain = jax_residuals(rt.repolicy(loss, "boundary-only"), params, X)
+    assert not any(r.name == "block.input" for r in plain)
 
 
 def test_the_planner_offloads_region_inputs_to_meet_a_budget():
@@ -203,7 +196,7 @@ def test_the_planner_offloads_region_inputs_to_meet_a_budget():
   def loss(p, x):
     return model.apply(p, x).sum()
 
-  with compat.remat3(False):
+  with remat3(False):
     # boundary-only keeps the two computed layer inputs on the device.
     with pytest.raises(ValueError, match="allow_offload=True"):
       rt.plan(loss, params, X, budget=0)
@@ -223,7 +216,6 @@ def test_repolicy_offloads_a_scan_carry_not_the_scanned_weights():
     return jax.lax.scan(layer, x, ws)[0].sum()
 
   ws = jnp.stack([W] * 3)
-  with compat.remat3(False):
-    kept = compat.saved_residuals(rt.repolicy(loss, "offload-boundaries"), ws, X)
-  host = [tuple(a.shape) for a, _ in kept if _jaxpr.memory_kind_of(a) == "host"]
-  assert host == [(3, *X.shape)]  # one carry per step, stacked by the scan
+  with remat3(False):
+    host = _host(rt.repolicy(loss, "offload-boundaries"), ws, X)
+  assert [r.shape for r in host] == [(3, *X.shape)]  # one carry per step, stacked by the scan

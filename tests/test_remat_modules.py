@@ -16,8 +16,6 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import jaxpr as _jaxpr
-from remat_toolkit._src.policies import findings
 
 cp = jax.checkpoint_policies
 D, HEADS = 8, 2
@@ -44,9 +42,11 @@ POLICIES = sorted(HAND_WRITTEN)
 import shared_helpers  # noqa: E402
 from shared_helpers import NNXMlp  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import count_remat_regions  # noqa: E402
 from shared_helpers import grad_of  # noqa: E402
 from shared_helpers import named  # noqa: E402
 from shared_helpers import residuals  # noqa: E402
+from shared_helpers import run_on_simulated_devices  # noqa: E402
 
 assert_trees_close = functools.partial(shared_helpers.assert_trees_close,
                                        atol=1e-5)
@@ -124,8 +124,7 @@ def test_linen_same_variables_and_outputs():
   assert jax.tree.structure(state) == jax.tree.structure(VARIABLES)
 
 
-def test_linen_policies(remat_mode, monkeypatch):
-  findings.forget_trace_warnings()
+def test_linen_policies(remat_mode, fresh_trace_warnings):
   plain = grad_of(linen_loss(Model()), VARIABLES)
   for policy in POLICIES:
     model = rt.remat_modules(Model(), {"Block_*": policy})
@@ -155,7 +154,7 @@ def test_linen_dropout_masks_repeat(remat_mode):
 
 def count_regions(model, variables):
   jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X))(variables).jaxpr
-  return _jaxpr.count_remat_regions(jaxpr)
+  return count_remat_regions(jaxpr)
 
 
 def test_linen_rule_forms_and_precedence():
@@ -179,8 +178,7 @@ def test_linen_ambient_policy():
   assert named(residuals(linen_loss(model), VARIABLES)) == set()
 
 
-def test_linen_without_tag_outputs_warns(monkeypatch):
-  findings.forget_trace_warnings()
+def test_linen_without_tag_outputs_warns(fresh_trace_warnings):
   model = rt.remat_modules(Model(), {"Block": "save-attention"},
                            tag_outputs=False)
   with pytest.warns(UserWarning, match="save-attention.*holds no checkpoint name"):
@@ -292,8 +290,7 @@ def nnx_reference(jax_policy, train=False):
   return model
 
 
-def test_nnx_policies(remat_mode, monkeypatch):
-  findings.forget_trace_warnings()
+def test_nnx_policies(remat_mode, fresh_trace_warnings):
   plain_loss, params, rest = nnx_loss_and_args(nnx_model())
   plain = grad_of(plain_loss, params, rest)
   for policy in POLICIES:
@@ -371,7 +368,7 @@ import json
 import jax, jax.numpy as jnp
 import flax.linen as nn
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
+from shared_helpers import jax_activation_bytes
 
 class Block(nn.Module):
   @nn.compact
@@ -391,9 +388,7 @@ params = Model().init(jax.random.key(0), x)  # the unwrapped model's
 model = rt.remat_modules(Model(), {"Block": "save-attention"})
 loss = lambda p, x: model.apply(p, x).sum()
 first = rt.analyze(loss, params, x).activation_bytes
-theirs = sum(a.size * a.dtype.itemsize
-             for a, d in compat.saved_residuals(loss, params, x)
-             if "argument" not in d)
+theirs = jax_activation_bytes(loss, (params, x), "boundary-only")
 print(json.dumps([first, theirs]))
 """
 
@@ -403,13 +398,5 @@ def test_the_first_analysis_in_a_fresh_process_counts_every_region():
   # A region with its own pattern policy used to expand its patterns against
   # the names tagged so far in the process: on the first trace the first
   # block's names were not yet known, and its residuals were dropped.
-  import json
-  import os
-  import subprocess
-  import sys
-  done = subprocess.run([sys.executable, "-c", _FIRST_CALL_SCRIPT],
-                        capture_output=True, text=True, timeout=300,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert done.returncode == 0, done.stderr
-  ours, theirs = json.loads(done.stdout.strip().splitlines()[-1])
+  ours, theirs = run_on_simulated_devices(_FIRST_CALL_SCRIPT, count=1)
   assert ours == theirs > 0

@@ -26,12 +26,14 @@ import pytest
 from flax import nnx
 from shared_helpers import JAX_RELEASE
 from shared_helpers import assert_trees_close
+from shared_helpers import is_scan
+from shared_helpers import jax_residuals
+from shared_helpers import remat3
+from shared_helpers import remat3_enabled
 from shared_helpers import residuals
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.analysis import residuals as _residuals
-from remat_toolkit._src.core import compat
 
 pytestmark = pytest.mark.usefixtures("quick_compiles")
 
@@ -52,7 +54,7 @@ def gpt_config(policy: str | None = None) -> models.GPTConfig:
 def gpt_plan():
   """The per-layer plan of the unrolled tiny GPT (made once, remat3 off)."""
   fn, args = models.build_loss(gpt_config(), scan=False)
-  with compat.remat3(False):
+  with remat3(False):
     return rt.plan(fn, *args, budget=BUDGET, per_layer=True)
 
 
@@ -65,14 +67,12 @@ def quietly(fn, *args, **kwargs):
 
 
 def top_level_scans(fn, *args) -> int:
-  return sum(compat.is_scan(e) for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns)
+  return sum(is_scan(e) for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns)
 
 
 def jax_activation_bytes(fn, *args) -> int:
   """Bytes JAX's own saved_residuals keeps under jax.grad, arguments aside."""
-  return sum(_residuals.aval_nbytes(aval)
-             for aval, desc in compat.saved_residuals(fn, *args)
-             if "from the argument" not in desc)
+  return sum(r.nbytes for r in jax_residuals(fn, *args) if r.kind != "argument")
 
 
 def value_and_grad(fn, *args, **kwargs):
@@ -427,7 +427,7 @@ class NNXLayer(nnx.Module):
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_nnx_runs_match_the_single_scan(request, group, deterministic):
-  if group > 1 and compat.remat3_enabled() and JAX_RELEASE == "0.10":
+  if group > 1 and remat3_enabled() and JAX_RELEASE == "0.10":
     # The single scan fails too: see test_grouping's REMAT3_SCAN_YS_BUG.
     request.applymarker(pytest.mark.xfail(
         strict=True, raises=ValueError,
@@ -446,7 +446,7 @@ def test_nnx_runs_match_the_single_scan(request, group, deterministic):
       return y.sum(), nnx.state(live, nnx.Not(nnx.Param))
 
     jaxpr = jax.make_jaxpr(lambda p: loss(p)[0])(params).jaxpr
-    scans = sum(compat.is_scan(e) for e in jaxpr.eqns)
+    scans = sum(is_scan(e) for e in jaxpr.eqns)
     (value, state), grads = value_and_grad(loss, params, has_aux=True)
     # Each in the single scan's layout, to compare.
     joined = (value, restacked(state, None, ("blocks",)),

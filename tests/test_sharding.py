@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import pytest
 
 import remat_toolkit as rt
-from remat_toolkit._src.analysis import sharding
 
 # The subprocess checks both remat modes itself: CI runs it once per leg.
 pytestmark = pytest.mark.slow
@@ -26,8 +25,8 @@ _SCRIPT = textwrap.dedent('''
     import jax, jax.numpy as jnp
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     import remat_toolkit as rt
-    from remat_toolkit._src.core import compat
     from remat_toolkit import models
+    from shared_helpers import jax_residuals, remat3, remat3_enabled
 
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
     REP, BATCH = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
@@ -61,13 +60,13 @@ _SCRIPT = textwrap.dedent('''
               r.per_device_activation_bytes]
 
     # 1. Per-device activation bytes, both remat implementations.
-    for remat3 in (False, True):
-      with compat.remat3(remat3):
+    for mode in (False, True):
+      with remat3(mode):
         for case, shard in {"batch": (REP, BATCH), "replicated": (REP, REP),
                             "unsharded": (None, None)}.items():
           for policy in ("boundary-only", "save-ffn", "save-everything"):
             r = rt.analyze(loss, *args_with(*shard), policy=policy)
-            out[f"{remat3}/{case}/{policy}"] = report_row(r)
+            out[f"{mode}/{case}/{policy}"] = report_row(r)
 
     # 2. Concrete sharded arrays give what their ShapeDtypeStructs give.
     key = jax.random.key(0)
@@ -114,9 +113,9 @@ _SCRIPT = textwrap.dedent('''
       # (pinned below), so remat3 runs it with check_vma=False.
       return jax.shard_map(fresh(per_shard), mesh=mesh,
                            in_specs=(P(), P("data")), out_specs=P(),
-                           check_vma=not compat.remat3_enabled())
+                           check_vma=not remat3_enabled())
 
-    with compat.remat3(True):
+    with remat3(True):
       plain = jax.shard_map(
           lambda w, x: jax.lax.pmean(
               jax.checkpoint(lambda w, x: jnp.tanh(x @ w).sum())(w, x), "data"),
@@ -127,29 +126,23 @@ _SCRIPT = textwrap.dedent('''
       except ValueError as e:
         out["pin/remat3_shard_map_vma"] = str(e)
 
-    for remat3 in (False, True):
-      with compat.remat3(remat3):
+    for mode in (False, True):
+      with remat3(mode):
         for policy in ("boundary-only", "save-ffn", "save-everything"):
           for kind, make in (("jit", jitted), ("shard_map", mapped)):
             f = make()
             with rt.use_policy(policy):
               g = jax.jit(jax.grad(f), out_shardings=REP)(w, x)
-            f = make()
-
-            def under(*a):
-              with rt.use_policy(policy):
-                return f(*a)
-
-            saved = compat.saved_residuals(under, w, x)
-            out[f"{remat3}/{kind}/{policy}"] = {
+            saved = jax_residuals(make(), w, x, policy=policy)
+            out[f"{mode}/{kind}/{policy}"] = {
                 "max_diff": max_diff(g),
                 "grad_spec": str(g[0][0].sharding.spec),
-                "saved": sorted(str(a) for a, d in saved
-                                if "from the argument" not in d),
+                "saved": sorted(str(r.aval) for r in saved
+                                if r.kind != "argument"),
             }
             if kind == "jit":
               r = rt.analyze(make(), w, x, policy=policy)
-              out[f"{remat3}/{kind}/{policy}"]["analyzer_names"] = sorted(
+              out[f"{mode}/{kind}/{policy}"]["analyzer_names"] = sorted(
                   str(a.name) for a in r.activations)
     print(json.dumps(out))
 ''')
@@ -237,10 +230,19 @@ def test_pin_remat3_in_shard_map_fails_the_varying_axes_check(sharded):
 
 # ------------------------------------------------------------ in process
 
-def test_device_count_and_shard_bytes_without_shardings():
-  leaves = [jax.ShapeDtypeStruct((4, 2), jnp.float32), jnp.ones(3)]
-  assert sharding.device_count(leaves) == 1
-  assert sharding.shard_nbytes((4, 2), jnp.bfloat16, None) == 16
+def test_arguments_without_shardings_are_one_device_and_whole_bytes():
+  # A concrete argument beside an abstract one; a bf16 residual of 4 x 2.
+  @rt.remat
+  def block(w, x):
+    return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+
+  report = rt.analyze(lambda w, x: block(w, x).sum(),
+                      jnp.ones((4, 2), jnp.bfloat16),
+                      jax.ShapeDtypeStruct((4, 4), jnp.bfloat16),
+                      policy="save-ffn")
+  (up,) = [r for r in report.activations if r.name == "ffn.up"]
+  assert report.devices == 1
+  assert up.nbytes == 16 and up.per_device_nbytes is None
 
 
 def test_single_device_report_has_no_per_device_figure():

@@ -15,7 +15,6 @@ framework's own policy of that name saves, on a block tagged with their
 checkpoint names, under ``jax_remat3`` off and on.
 """
 
-import re
 
 import flax.linen as nn
 import jax
@@ -25,13 +24,15 @@ import pytest
 from flax import nnx
 from shared_helpers import NNXMlp  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import checkpoint_names  # noqa: E402
+from shared_helpers import grad_of  # noqa: E402
 from shared_helpers import jax_activation_bytes  # noqa: E402
+from shared_helpers import jax_residuals  # noqa: E402
+from shared_helpers import offloading_unsupported  # noqa: E402
+from shared_helpers import reports_of  # noqa: E402
 
 import remat_toolkit as rt
 from remat_toolkit import models
-from remat_toolkit._src.analysis import trace
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
 
@@ -47,7 +48,7 @@ def selected(policy, names):
 
 
 def names_in(fn, *args):
-  return set(_jaxpr.names_in(jax.make_jaxpr(fn)(*args).jaxpr))
+  return set(checkpoint_names(jax.make_jaxpr(fn)(*args).jaxpr))
 
 
 def check_bytes(fn, args, names):
@@ -55,9 +56,8 @@ def check_bytes(fn, args, names):
   every selective built-in keeps more than boundary-only, and only names it
   selects (or boundary-only keeps)."""
   # What rt.analyze does, with the program traced once for every policy.
-  program = trace.TracedProgram(fn, args)
-  reports = {p: program.report(rt.get_policy(p))
-             for p in ("boundary-only", *SELECTIVE)}
+  measured = ("boundary-only", *SELECTIVE)
+  reports = dict(zip(measured, reports_of(fn, args, measured), strict=True))
   for policy in ("boundary-only", "save-attention", "save-ffn"):
     assert reports[policy].activation_bytes == jax_activation_bytes(
         fn, args, policy), policy
@@ -85,23 +85,13 @@ def numpy_values(abstract):
       abstract)
 
 
-def grad_op_by_op(loss, params):
-  """``jax.grad(loss)(params)``, traced once and run op by op: no XLA
-  compile of the whole step, and primitives are cached across models."""
-  closed, out_shape = jax.make_jaxpr(jax.grad(loss), return_shape=True)(
-      params)
-  flat = compat.eval_jaxpr(closed.jaxpr, closed.consts,
-                           *jax.tree.leaves(params))
-  return jax.tree.unflatten(jax.tree.structure(out_shape), flat)
-
-
 def grads_equal_unwrapped(plain_loss, wrapped_loss, params):
-  reference = grad_op_by_op(plain_loss, params)
+  reference = grad_of(plain_loss, params)
   for policy in ("save-attention", "save-ffn"):
     def under(p, policy=policy):
       with rt.use_policy(policy):
         return wrapped_loss(p)
-    assert_close(grad_op_by_op(under, params), reference)
+    assert_close(grad_of(under, params), reference)
 
 
 # ================================================================ Hugging Face
@@ -446,18 +436,8 @@ def maxtext_block(x, p):
 def field_residuals(fn):
   """(shape, dtype, memory kind, what) of every residual, sorted; what is
   the checkpoint name, "argument", or the primitive that made it."""
-  out = []
-  for aval, desc in compat.saved_residuals(fn, XS, PARAMS):
-    named = re.match(r"named '([^']+)'", desc)
-    if named:
-      what = named.group(1)
-    elif desc.startswith("from the argument"):
-      what = "argument"
-    else:
-      what = desc.split(" from ")[0]
-    out.append((tuple(aval.shape), str(aval.dtype),
-                _jaxpr.memory_kind_of(aval), what))
-  return sorted(out)
+  return sorted((r.shape, r.dtype, r.memory_kind, r.name or r.what)
+                for r in jax_residuals(fn, XS, PARAMS))
 
 
 def test_the_block_has_every_maxtext_name():
@@ -471,10 +451,10 @@ def test_field_names_save_what_the_field_saves(field, alias, remat_mode):
   theirs = FIELD[field, alias]
   policy = rt.get_policy(alias)
   ours = rt.remat(maxtext_block, policy=alias)
-  if policy.offloads and compat.offloading_unsupported():
+  if policy.offloads and offloading_unsupported():
     # Where JAX would silently recompute instead of offloading, we refuse.
     with pytest.raises(ValueError, match="jax_remat3"):
-      compat.saved_residuals(ours, XS, PARAMS)
+      jax_residuals(ours, XS, PARAMS)
     return
   expected = field_residuals(jax.checkpoint(maxtext_block, policy=theirs))
   assert field_residuals(ours) == expected, (policy.name, expected)
@@ -504,6 +484,4 @@ def test_matching_ignores_case_and_lowers_to_the_names_present(remat_mode):
 
 
 def field_names(fn, *args):
-  found = (re.match(r"named '([^']+)'", d)
-           for _, d in compat.saved_residuals(fn, *args))
-  return {m.group(1) for m in found if m}
+  return {r.name for r in jax_residuals(fn, *args) if r.name}

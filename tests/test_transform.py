@@ -16,13 +16,6 @@ import pytest
 from flax import nnx
 
 import remat_toolkit as rt
-from remat_toolkit._src.core import compat
-from remat_toolkit._src.core import jaxpr as _jaxpr
-from remat_toolkit._src.policies import findings
-from remat_toolkit._src.policies import lowering
-from remat_toolkit._src.policies import resolve
-from remat_toolkit._src.transform import nnx_paths
-from remat_toolkit._src.transform.remat import remat_region
 
 cp = jax.checkpoint_policies
 D = 8
@@ -50,8 +43,11 @@ POLICIES = sorted(HAND_WRITTEN)
 
 import shared_helpers  # noqa: E402
 from shared_helpers import cheap_init  # noqa: E402
+from shared_helpers import count_remat_regions  # noqa: E402
 from shared_helpers import grad_of  # noqa: E402
+from shared_helpers import module_path  # noqa: E402
 from shared_helpers import named  # noqa: E402
+from shared_helpers import remat_bodies  # noqa: E402
 from shared_helpers import residuals  # noqa: E402
 
 assert_trees_close = functools.partial(shared_helpers.assert_trees_close,
@@ -418,8 +414,7 @@ def test_glob_matches_names_never_seen_before(remat_mode):
   assert named(records) == {"fresh_tag_a", "fresh_raw_b"}
 
 
-def test_unmatched_patterns_warn_once(monkeypatch):
-  findings.forget_trace_warnings()
+def test_unmatched_patterns_warn_once(fresh_trace_warnings):
   f = rt.remat(lambda x: jnp.sin(rt.tag(x * 2, "ffn.up")).sum(),
                policy="save-attention")
   with pytest.warns(UserWarning, match=r"'save-attention'.*are 'ffn.up'"):
@@ -476,8 +471,10 @@ def test_static_argnums_count_call_arguments_not_self(remat_mode):
 
 # ---------------------------------------------------------------- contract
 
-def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
-  marker = cp.save_only_these_names("__analyzer_marker__")
+def test_one_region_per_call_and_each_takes_the_analysed_policy(remat_mode):
+  # The analyzer gives each region reading the ambient policy a marker of
+  # its own and swaps it for each policy: a region that lost it would not
+  # take the analysed policy.
   variables = numpy_variables(jax.eval_shape(
       lambda: LinenStack(depth=2).init(jax.random.key(0), X, False)))
   linen_model = LinenStack(rt.remat(LinenBlock), depth=2)
@@ -490,22 +487,21 @@ def test_one_region_with_the_analyzer_marker_untouched(remat_mode):
   ]
   arguments = [(init_params(),), (variables,), (params, rest)]
   regions = [1, 2, 1]
-  with lowering.substitute_ambient(marker):
-    for program, args, expected in zip(programs, arguments, regions,
-                                       strict=True):
-      jaxpr = jax.make_jaxpr(program)(*args).jaxpr
-      assert _jaxpr.count_remat_regions(jaxpr) == expected
-      assert _jaxpr.count_remat_regions(jaxpr, (marker,)) == expected
+  for program, args, expected in zip(programs, arguments, regions, strict=True):
+    jaxpr = jax.make_jaxpr(program)(*args).jaxpr
+    assert count_remat_regions(jaxpr) == expected
+    report = rt.analyze(lambda *a, f=program: jnp.sum(f(*a)), *args,
+                        policy="boundary-only")
+    assert report.remat_regions == expected
 
 
 def test_replayed_region_keeps_module_paths(remat_mode):
   model = LinenStack(rt.remat(LinenBlock, "save-ffn"))
   variables = LINEN_VARIABLES
   jaxpr = jax.make_jaxpr(lambda v: model.apply(v, X, False))(variables).jaxpr
-  bodies = [compat.remat_body_of(e) for e in jaxpr.eqns
-            if compat.is_remat(e)]
+  bodies = remat_bodies(jaxpr)
   assert len(bodies) == 1
-  paths = {_jaxpr.module_path(e) for e in bodies[0].eqns
+  paths = {module_path(e) for e in bodies[0].eqns
            if e.primitive.name == "dot_general"}
   assert any(p.endswith("block_0/up") for p in paths), paths
 
@@ -557,14 +553,6 @@ def test_unhashable_static_argument():
     f(X, [1, 2])
   with pytest.raises(TypeError, match="drop it from static_argnums"):
     f(X, jnp.ones(2))
-
-
-def test_remat_region_direct():
-  g = remat_region(lambda x: jnp.sin(jnp.sin(x)), policy="save-matmuls",
-                   where="group 0")
-  np.testing.assert_allclose(jax.grad(lambda x: g(x).sum())(X),
-                             jax.grad(lambda x: jnp.sin(jnp.sin(x)).sum())(X),
-                             rtol=1e-6)
 
 
 # ---------------------------------------------------------------- NNX updates
@@ -635,7 +623,7 @@ def two_block_losses(how):
   else:
     model = NNXTwoBlocks(nnx_method_block(rt.remat), rngs)
     if how == "named":
-      nnx_paths.name_nnx_modules(model)
+      rt.name_nnx_modules(model)
   model.eval()
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -669,8 +657,9 @@ def test_nnx_residuals_carry_module_paths(remat_mode, how, blocks):
 # ---------------------------------------------------------------- one policy path
 
 def _resolver_type_error(value):
+  """What the one resolver says, as rt.analyze passes it on unprefixed."""
   with pytest.raises(TypeError) as caught:
-    resolve.resolve_policy(value)
+    rt.analyze(lambda x: jnp.sin(x).sum(), X, policy=value)
   return str(caught.value)
 
 
@@ -740,18 +729,23 @@ def test_every_entry_point_accepts_what_the_resolver_accepts(policy):
       assert rt.current_policy() is ambient
 
 
-def test_a_jax_policy_needs_no_name_discovery():
-  # A raw JAX policy decides what it keeps by itself: nothing to expand.
-  def reads_names(policy):
-    return lowering.region_policy(policy, "layers_0").reads_names
+def test_a_jax_policy_needs_no_name_discovery(fresh_trace_warnings):
+  # A raw JAX policy decides what it keeps by itself: a region under it
+  # reads no names, so none can be missing (a named policy's can).
+  def missing_names(policy, ambient="boundary-only"):
+    f = rt.remat(lambda x: jnp.sin(jnp.sin(x)).sum(), policy=policy)
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      with rt.use_policy(ambient):
+        jax.make_jaxpr(jax.grad(f))(X)
+    return [w for w in caught if "keeps none of its names" in str(w.message)]
 
-  assert not reads_names(cp.dots_saveable)
-  assert not reads_names(rt.Policy.from_jax(cp.dots_saveable))
-  assert reads_names("save-ffn")
-  with rt.use_policy(cp.dots_saveable):
-    assert not reads_names(None)
+  assert not missing_names(cp.dots_saveable)
+  assert not missing_names(rt.Policy.from_jax(cp.dots_saveable))
+  assert missing_names("save-ffn")
+  assert not missing_names(None, ambient=cp.dots_saveable)
 
 
 def test_name_nnx_modules_refuses_what_is_not_an_nnx_module():
   with pytest.raises(TypeError, match=r"NNX Module instance, got 3 of type int"):
-    nnx_paths.name_nnx_modules(3)
+    rt.name_nnx_modules(3)
