@@ -21,8 +21,9 @@ test using a name outside its module's ``__all__``.
   -- the ``remat_mode`` fixture, a catalogue of the built-ins alone
   (``fresh_catalogue``), and trace-time findings raised again as in a fresh
   process (``fresh_trace_warnings``).
-- ``test_compat.py``: ``core.compat`` -- pins each JAX behaviour the
-  compatibility layer relies on, per release.
+- ``test_compat.py``: ``core.compat``, ``core.jaxpr``, ``policies.lowering``
+  -- pins each JAX behaviour the compatibility layer relies on, per release,
+  read with the jaxpr walks, and what the analyzer's marker policy enters.
 - ``test_layers.py``: none -- reads the package's files, imports nothing of it.
 - ``test_knapsack.py``: ``planning.knapsack`` -- white-box: the exact per-region
   knapsack, a pure solver.
@@ -46,9 +47,14 @@ test using a name outside its module's ``__all__``.
   heuristic of ``rt.remat_modules`` on hand-made module trees.
 - ``test_group_size.py``: ``transform.grouping`` -- white-box: layers per region
   for a group size, a pure function, over many layer counts.
-- ``test_internals.py``: ``analysis.trace``, ``core.jaxpr`` -- internal
-  invariants whose only visible effect is that public figures do not change
-  (identical layers traced as one shared body).
+- ``test_internals.py``: ``analysis.trace``, ``analysis.residuals``,
+  ``core.jaxpr`` -- internal invariants whose only visible effect is that
+  public figures do not change (identical layers traced as one shared body),
+  and the jaxpr walks ``rt.verify`` and the residual origins rest on.
+- ``test_verify.py``: ``analysis.verify`` -- white-box: the norm-wise gradient
+  comparison, whose edge cases (NaN, zero leaves) no small model reaches.
+- ``test_warnings.py``: ``policies.findings`` -- white-box: the one switch that
+  silences findings raised while tracing.
 """
 
 import dataclasses

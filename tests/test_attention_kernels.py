@@ -425,6 +425,26 @@ def test_a_kernel_run_again_is_said_and_warned_with_the_fix():
   assert "forward runs again" in report._repr_html_()
 
 
+def test_verify_and_breakdown_say_what_the_report_finds_about_kernels():
+  # rt.verify checks gradients and rt.memory_breakdown splits memory; a
+  # kernel the policy runs again is still the report's finding, and neither
+  # drops it.
+  _kind("blockwise")
+  loss, params, x = _model(BY_NAME["blockwise"])
+  with jax_remat3(False), warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    rerun = rt.verify(loss, params, x, policy=NAME_POLICY, check_values=False)
+    kept = rt.verify(loss, params, x, policy="save-everything",
+                     check_values=False)
+    split = rt.memory_breakdown(loss, params, x, policy=NAME_POLICY)
+  said = [w for w in rerun.warnings if "runs the forward of kernel 'flash'" in w]
+  assert len(said) == 1 and said[0].kind == "kernel-rerun"
+  assert "runs the forward of kernel" in str(rerun)
+  assert not [w for w in kept.warnings if "runs the forward" in w]
+  assert [w.kind for w in split.warnings
+          if "runs the forward of kernel 'flash'" in w] == ["kernel-rerun"]
+
+
 def test_compare_shows_the_kernels_each_policy_runs_again():
   _kind("pallas_gpu_mha")
   comparison = _compared("pallas_gpu_mha", False)

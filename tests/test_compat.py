@@ -6,7 +6,10 @@ does. When a JAX release changes one of these facts, this file fails first
 and ``remat_toolkit/_src/core/compat.py`` is the one module to adapt.
 """
 
+import os
 import re
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -889,3 +892,16 @@ def test_custom_vjp_rules_read_either_class(custom_vjp3):
   measured = CUSTOM_VJP3_IS_ANOTHER_CLASS.get(_release())
   if custom_vjp3 and measured is not None:
     assert (not isinstance(kernel, jax.custom_vjp)) is measured
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value, expected", [("1", True), ("0", False)])
+def test_jax_reads_the_remat3_flag_from_the_environment(value, expected):
+  # CI runs the suite a second time with JAX_REMAT3=1.
+  env = {**os.environ, "JAX_REMAT3": value, "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run(
+      [sys.executable, "-c",
+       "from remat_toolkit._src.core import compat as c; print(c.remat3_enabled())"],
+      env=env, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == str(expected)

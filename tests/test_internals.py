@@ -8,14 +8,33 @@ each test says what it guards and why it cannot be seen from outside.
 
 from unittest import mock
 
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from shared_helpers import remat3
 from shared_helpers import remat_bodies
 
 import remat_toolkit as rt
 from remat_toolkit import models
+from remat_toolkit._src.analysis import residuals as _residuals
 from remat_toolkit._src.analysis import trace
 from remat_toolkit._src.core import jaxpr as _jaxpr
+
+cp = jax.checkpoint_policies
+W = jnp.linspace(-0.5, 0.5, 64, dtype=jnp.float32).reshape(8, 8)
+X = jnp.linspace(-1.0, 1.0, 32, dtype=jnp.float32).reshape(4, 8)
+
+
+@rt.remat
+def block(w, x):
+  h = rt.tag(x @ w, "ffn.up")
+  return jnp.tanh(rt.tag(jnp.sin(h) @ w, "ffn.down"))
+
+
+def loss(w, x):
+  return (block(w, block(w, x)) ** 2).sum()
 
 # ---------------------------------------------------------------- shared bodies
 
@@ -38,3 +57,81 @@ def test_identical_layers_share_one_body_without_changing_the_report(
   assert shared.to_dict() == plain.to_dict()
   assert {layer.format(i) for i in range(4)} <= {
       r.module_path for r in shared.activations}
+
+
+# ---------------------------------------------------------------- jaxpr helpers verify uses
+# What rt.verify reports rests on these walks (effects re-run in regions,
+# the no-remat reference, one trace or two); each is checked on a jaxpr
+# whose answer is known.
+
+def test_effects_in_remat_regions_walks_nested_regions_and_scans():
+  def f(x):
+    def inner(x):
+      jax.debug.callback(lambda v: None, x.sum())
+      return jnp.sin(x)
+
+    def outer(x):
+      return jax.checkpoint(inner)(x) * 2.0
+
+    def body(c, _):
+      return jax.checkpoint(outer)(c), None
+
+    jax.debug.callback(lambda v: None, x.sum())  # outside any region
+    return jax.lax.scan(body, x, None, length=3)[0].sum()
+
+  sites = _jaxpr.effects_in_remat_regions(jax.make_jaxpr(f)(X).jaxpr)
+  assert [s.primitive for s in sites] == ["debug_callback"]
+  assert sites[0].effects and "test_internals.py" in sites[0].source
+
+
+def test_strip_remat_removes_every_region(remat_mode):
+  def f(w, x):
+    inner = jax.checkpoint(lambda x: jnp.sin(x @ w), policy=cp.dots_saveable)
+    return jax.checkpoint(lambda x: jnp.tanh(inner(x)))(x).sum() + loss(w, x)
+
+  closed = jax.make_jaxpr(f)(W, X)
+  assert _jaxpr.count_remat_regions(closed.jaxpr) == 4
+  stripped, left = _jaxpr.strip_remat(closed.jaxpr)
+  assert left == 0 and _jaxpr.count_remat_regions(stripped) == 0
+  got = jex.core.jaxpr_as_fun(jex.core.ClosedJaxpr(stripped, closed.consts))(
+      W, X)[0]
+  np.testing.assert_allclose(got, f(W, X), rtol=1e-6)
+
+
+def test_trace_difference_ignores_shared_subjaxprs_and_addresses():
+  helper = jax.jit(lambda x: jnp.sin(x) * 2.0)
+
+  def f(x):
+    return helper(helper(x)).sum() + jax.nn.relu(x).sum()
+
+  first = jax.make_jaxpr(f)(X)
+  second = jax.make_jaxpr(f)(X)  # helper's jaxpr now comes from a cache
+  assert _jaxpr.trace_difference(first, second) is None
+  scaled = jax.make_jaxpr(lambda x: f(x) * 3.0)(X)
+  assert "mul" in _jaxpr.trace_difference(first, scaled)
+
+
+def test_trace_difference_compares_captured_constants():
+  def with_const(value):
+    return jax.make_jaxpr(lambda x: x + np.full((4, 8), value, np.float32))(X)
+
+  assert _jaxpr.trace_difference(with_const(1.0), with_const(1.0)) is None
+  assert _jaxpr.trace_difference(with_const(1.0), with_const(2.0))
+
+
+def test_residual_origins_carry_the_step_variable_holding_each(remat_mode):
+  program = trace.TracedProgram(loss, (W, X))
+  for name in ("boundary-only", "save-ffn", "save-everything"):
+    step = program.step(rt.get_policy(name))
+    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    outvars = set(step.jaxpr.jaxpr.outvars)
+    invars = set(step.jaxpr.jaxpr.invars)
+    for o in origins:
+      assert tuple(o.var.aval.shape) == tuple(o.aval.shape)
+      assert o.var in (invars if o.kind == "argument" else outvars)
+
+
+def test_float_dtypes_in_finds_dtypes_inside_nested_jaxprs():
+  f = jax.jit(lambda x: jnp.sin(x.astype(jnp.bfloat16)).astype(jnp.float32))
+  dtypes = _jaxpr.float_dtypes_in(jax.make_jaxpr(f)(X).jaxpr)
+  assert dtypes == {np.dtype(jnp.bfloat16), np.dtype(jnp.float32)}
