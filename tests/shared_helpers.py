@@ -316,6 +316,25 @@ is_remat = compat.is_remat
 is_scan = compat.is_scan
 
 
+# ---------------------------------------------------------------- two tagged blocks
+
+#: Fixed inputs of :func:`two_block_loss` (weights, batch).
+W = jnp.linspace(-0.5, 0.5, 64, dtype=jnp.float32).reshape(8, 8)
+X = jnp.linspace(-1.0, 1.0, 32, dtype=jnp.float32).reshape(4, 8)
+
+
+@rt.remat
+def tagged_block(w, x):
+  """One region reading the ambient policy, with ``ffn.up`` and ``ffn.down``."""
+  h = rt.tag(x @ w, "ffn.up")
+  return jnp.tanh(rt.tag(jnp.sin(h) @ w, "ffn.down"))
+
+
+def two_block_loss(w, x):
+  """Two :func:`tagged_block` regions, a scalar loss of ``(W, X)``."""
+  return (tagged_block(w, tagged_block(w, x)) ** 2).sum()
+
+
 # ---------------------------------------------------------------- command line
 
 def run_cli(*argv: str) -> tuple[int, str, str]:

@@ -13,8 +13,11 @@ import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from shared_helpers import W
+from shared_helpers import X
 from shared_helpers import remat3
 from shared_helpers import remat_bodies
+from shared_helpers import two_block_loss as loss
 
 import remat_toolkit as rt
 from remat_toolkit import models
@@ -23,18 +26,7 @@ from remat_toolkit._src.analysis import trace
 from remat_toolkit._src.core import jaxpr as _jaxpr
 
 cp = jax.checkpoint_policies
-W = jnp.linspace(-0.5, 0.5, 64, dtype=jnp.float32).reshape(8, 8)
-X = jnp.linspace(-1.0, 1.0, 32, dtype=jnp.float32).reshape(4, 8)
 
-
-@rt.remat
-def block(w, x):
-  h = rt.tag(x @ w, "ffn.up")
-  return jnp.tanh(rt.tag(jnp.sin(h) @ w, "ffn.down"))
-
-
-def loss(w, x):
-  return (block(w, block(w, x)) ** 2).sum()
 
 # ---------------------------------------------------------------- shared bodies
 

@@ -18,29 +18,19 @@ import numpy as np
 import pytest
 from jax.experimental import io_callback
 from shared_helpers import JAX_RELEASE
+from shared_helpers import W
+from shared_helpers import X
 from shared_helpers import jax_activation_bytes
 from shared_helpers import remat3
 from shared_helpers import remat3_calls_policies
 from shared_helpers import run_cli
+from shared_helpers import two_block_loss as loss
 
 import remat_toolkit as rt
 from remat_toolkit._src.analysis.verify import compare_values
 
 cp = jax.checkpoint_policies
 S = jax.ShapeDtypeStruct
-W = jnp.linspace(-0.5, 0.5, 64, dtype=jnp.float32).reshape(8, 8)
-X = jnp.linspace(-1.0, 1.0, 32, dtype=jnp.float32).reshape(4, 8)
-
-
-@rt.remat
-def block(w, x):
-  h = rt.tag(x @ w, "ffn.up")
-  return jnp.tanh(rt.tag(jnp.sin(h) @ w, "ffn.down"))
-
-
-def loss(w, x):
-  return (block(w, block(w, x)) ** 2).sum()
-
 
 
 # ------------------------------------------------------------ clean runs
@@ -291,7 +281,6 @@ def test_abstract_arguments_get_seeded_random_inputs():
   args = (S(W.shape, W.dtype), S(X.shape, X.dtype))
   v = rt.verify(loss, *args, policy="save-ffn", seed=3)
   assert v.inputs == "random (seed=3)" and v.ok is True
-
 
 
 def test_check_values_false_skips_the_gradients():
