@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from shared_helpers import jax_residuals
 
 import remat_toolkit as rt
 from remat_toolkit._src.core import compat
@@ -42,8 +43,8 @@ def _saved(policy, fn=_fn):
 
 
 def _saved_names(policy):
-  return {m.group(1) for _, d in _saved(policy)
-          if (m := re.search(r"named '([^']+)'", d))}
+  return {r.name for r in jax_residuals(jax.checkpoint(_fn, policy=policy), X, W)
+          if r.name}
 
 
 # ------------------------------------------------------------ remat3 flag
@@ -323,8 +324,7 @@ def test_with_remat_substitutes_the_policy(remat_mode):
     return lambda x, w: compat.eval_jaxpr(jaxpr, closed.consts, x, w)[0]
 
   def names(jaxpr):
-    return {m.group(1) for _, d in compat.saved_residuals(run(jaxpr), X, W)
-            if (m := re.search(r"named '([^']+)'", d))}
+    return {r.name for r in jax_residuals(run(jaxpr), X, W) if r.name}
 
   assert names(closed.jaxpr) == set()
   assert names(swapped) == {"b"}
@@ -416,8 +416,8 @@ def test_explicit_axes_put_every_residuals_sharding_in_its_type():
   args = (sds((512, 2048), None, "model"), sds((2048, 512), "model", None),
           sds((1024, 512), "data", None))
   with jax.sharding.use_abstract_mesh(mesh):
-    saved = compat.saved_residuals(loss, *args)
-  activations = [a for a, d in saved if "from the argument" not in d]
+    saved = jax_residuals(loss, *args)
+  activations = [r.aval for r in saved if r.kind != "argument"]
   assert activations
   for aval in activations:
     s = compat.aval_sharding(aval)
