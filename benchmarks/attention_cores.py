@@ -123,10 +123,8 @@ def _named_table(config: str, seq: int | None) -> None:
     comparison = _compare(config, core, seq, None, ["boundary-only", *NAMED])
     for name in NAMED:
       report = comparison.reports[name]
-      runs: dict[str, float] = {}
-      for k in report.recomputed_kernels:
-        runs[k.kernel] = runs.get(k.kernel, 0.0) + k.runs
-      again = ", ".join(f"{kernel}: {n:g} runs" for kernel, n in runs.items())
+      again = ", ".join(f"{kernel}: {n:g} runs"
+                        for kernel, (n, _) in report.kernel_reruns().items())
       print(f"{core:<12} {name:<16} {report.activation_bytes / 2 ** 30:>8.2f} GiB "
             f"{report.recompute_percent:>9.1f}%  {again or '-'}")
 

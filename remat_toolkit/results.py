@@ -14,22 +14,22 @@ Example:
   True
 """
 
-from remat_toolkit._src.analysis.breakdown import Breakdown
-from remat_toolkit._src.analysis.verify import Verification
-from remat_toolkit._src.bench.batch_search import BatchFit
-from remat_toolkit._src.bench.batch_search import BatchSearch
-from remat_toolkit._src.bench.measure import BenchRecord
-from remat_toolkit._src.bench.measure import BenchResult
-from remat_toolkit._src.planning.frontier import Frontier
-from remat_toolkit._src.planning.frontier import FrontierPoint
 from remat_toolkit._src.policies.policy import Lowering
+from remat_toolkit._src.results.analysis import Breakdown
 from remat_toolkit._src.results.analysis import Comparison
 from remat_toolkit._src.results.analysis import RecomputedKernel
 from remat_toolkit._src.results.analysis import Residual
 from remat_toolkit._src.results.analysis import ResidualReport
+from remat_toolkit._src.results.analysis import Verification
+from remat_toolkit._src.results.bench import BatchFit
+from remat_toolkit._src.results.bench import BatchSearch
+from remat_toolkit._src.results.bench import BenchRecord
+from remat_toolkit._src.results.bench import BenchResult
+from remat_toolkit._src.results.planning import Frontier
+from remat_toolkit._src.results.planning import FrontierPoint
 from remat_toolkit._src.results.planning import Plan
 from remat_toolkit._src.results.planning import RegionPlan
-from remat_toolkit._src.transform.discovery import RematSummary
+from remat_toolkit._src.results.regions import RematSummary
 
 __all__ = [
     "Residual", "RecomputedKernel", "ResidualReport", "Comparison", "Breakdown", "Plan",

@@ -729,6 +729,20 @@ def test_every_entry_point_accepts_what_the_resolver_accepts(policy):
       assert rt.current_policy() is ambient
 
 
+def test_a_policy_file_is_read_once_when_the_region_is_declared(tmp_path,
+                                                                 remat_mode):
+  # Not once per trace: the regions and repolicy hold the file's policy.
+  path = tmp_path / "keep-up.toml"
+  path.write_text('name = "keep-up"\nsave = ["ffn.up"]\n')
+  f = rt.remat(lambda w, x: jnp.tanh(rt.tag(x @ w, "ffn.up")), policy=str(path))
+  again = rt.repolicy(jax.checkpoint(lambda w, x: jnp.tanh(
+      rt.tag(x @ w, "ffn.up"))), str(path))
+  path.unlink()
+  x, w = jnp.ones((1, 2)), jnp.eye(2)
+  for fn in (f, again):
+    assert named(residuals(lambda w: fn(w, x).sum(), w)) == {"ffn.up"}
+
+
 def test_a_jax_policy_needs_no_name_discovery(fresh_trace_warnings):
   # A raw JAX policy decides what it keeps by itself: a region under it
   # reads no names, so none can be missing (a named policy's can).

@@ -22,6 +22,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from remat_toolkit.models.flash import DEFAULT_BLOCK_SIZE
+
 __all__ = ["GPTConfig", "CONFIGS", "get_config", "list_configs", "FFN_KINDS",
            "POSITION_KINDS", "NORM_KINDS", "ATTENTION_KINDS"]
 
@@ -107,7 +109,7 @@ class GPTConfig:
   remat_policy: str | None = None
   norm_eps: float = 1e-5
   attention: str = "naive"
-  flash_block_size: int = 128
+  flash_block_size: int = DEFAULT_BLOCK_SIZE
 
   def __post_init__(self):
     for field in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff",

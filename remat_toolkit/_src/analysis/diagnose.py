@@ -37,6 +37,7 @@ from remat_toolkit._src.policies.findings import brief
 from remat_toolkit._src.policies.findings import keeps_none
 from remat_toolkit._src.policies.findings import uncovered_regions
 from remat_toolkit._src.policies.policy import Policy
+from remat_toolkit._src.results.analysis import COUNTED_KINDS
 
 __all__ = ["region_warnings", "unmatched_names_warning", "matmul_warning",
            "selection_warnings", "per_region_warnings", "policy_warnings",
@@ -47,7 +48,6 @@ __all__ = ["region_warnings", "unmatched_names_warning", "matmul_warning",
 #: The findings about kernels and attention a comparison repeats per policy.
 KERNEL_KINDS = frozenset({"kernel-rerun", "modes-differ", "activation-matmuls"})
 
-_brief = brief
 
 
 class TracedProgram(Protocol):
@@ -232,8 +232,8 @@ def per_region_warnings(program: TracedProgram, policy: Any) -> list[Finding]:
             if not any(region_keys.key_matches(k, pattern) for k in keys)]
   if unused:
     found.append(Finding(
-        f"per-region policy {policy.name!r} names {_brief(unused, 6)}, which "
-        f"are no remat region of this model (it has {_brief(list(keys), 6)}): "
+        f"per-region policy {policy.name!r} names {brief(unused, 6)}, which "
+        f"are no remat region of this model (it has {brief(list(keys), 6)}): "
         "it was planned for another model or another layout.",
         "unknown-regions", policy.name))
   return found
@@ -289,7 +289,7 @@ def _forward_selection(policy: Policy, forward: Any) -> str | None:
   """What ``policy`` selects inside a custom_vjp forward rule, in words."""
   names = sorted(n for n in forward.names if policy.matches(n))
   if names:
-    return f"the names {_brief(names, 4)}"
+    return f"the names {brief(names, 4)}"
   found = forward.matmuls
   if policy.matmuls == "all" and (found.unbatched_dots or found.batched_dots
                                   or found.convs):
@@ -371,9 +371,9 @@ def kernel_warnings(program: TracedProgram, policy: Any, residuals: Sequence[Any
   name = getattr(policy, "name", str(policy))
   kept = [r for r, flag in zip(residuals, activation_matmuls, strict=True)
           if flag and r.kind == "activation"]
-  # The kinds the report's activation totals count (report.COUNTED_KINDS).
+  # The report's activation_bytes: counted kinds on the device.
   counted = sum(r.nbytes for r in residuals
-                if r.kind in ("activation", "constant", "literal"))
+                if r.kind in COUNTED_KINDS and r.memory_kind == "device")
   found = [kernel_rerun_warning(name, recomputed),
            custom_vjp_mode_warning(program, policy),
            activation_matmul_warning(policy, kept, counted)]

@@ -39,6 +39,7 @@ from remat_toolkit._src.core import jaxpr as _jaxpr
 from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import lowering
 from remat_toolkit._src.policies import region_inputs
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import SAVE_EVERYTHING
 from remat_toolkit._src.results.analysis import COUNTED_KINDS
@@ -121,7 +122,6 @@ class TracedProgram:
     self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, tuple[Any, int]] = {}
     self._baseline_step: _residuals.TracedStep | None = None
-    self._baseline_flops: int | None = None
     self.kernel_sites = _jaxpr.kernel_work(closed.jaxpr)
 
   def _trace(self, flat_fn):
@@ -299,10 +299,7 @@ class TracedProgram:
   @property
   def baseline_step_flops(self) -> int:
     """Forward + backward FLOPs of a step with the ambient regions removed."""
-    if self._baseline_flops is None:
-      step = self.baseline_step
-      self._baseline_flops = self.forward_flops + step.backward_flops
-    return self._baseline_flops
+    return self.forward_flops + self.baseline_step.backward_flops
 
   @property
   def baseline_step(self) -> _residuals.TracedStep:
@@ -342,9 +339,27 @@ class TracedProgram:
     return tuple(found)
 
   def residuals(self, policy: Policy) -> list[Residual]:
+    """What ``policy`` keeps, without the per-device shares a report adds."""
+    return [self._residual(o) for o in self._origins(policy)]
+
+  def kernel_findings(self, policy: Policy) -> list[Finding]:
+    """What the report of ``policy`` says about kernels and attention, made
+    without the rest of the report (per-device shares may compile)."""
+    origins = self._origins(policy)
+    return self._kernel_findings(policy, origins,
+                                 [self._residual(o) for o in origins],
+                                 self.recomputed_kernels(policy))
+
+  def _origins(self, policy: Policy) -> list[_residuals.ResidualOrigin]:
     step = self.step(policy)
-    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
-    return [self._residual(o) for o in origins]
+    return _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+
+  def _kernel_findings(self, policy: Policy,
+                       origins: Sequence[_residuals.ResidualOrigin],
+                       residuals: Sequence[Residual],
+                       recomputed: Sequence[RecomputedKernel]) -> list[Finding]:
+    return kernel_warnings(self, policy, residuals,
+                           [o.activation_matmul for o in origins], recomputed)
 
   def _residual(self, o: _residuals.ResidualOrigin) -> Residual:
     if o.kind == "argument" and o.arg_index is not None:
@@ -373,7 +388,7 @@ class TracedProgram:
   def report(self, policy: Policy, *, compile: bool = False) -> ResidualReport:
     """The :class:`ResidualReport` of ``policy`` on this program."""
     step = self.step(policy)
-    origins = _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    origins = self._origins(policy)
     residuals = tuple(self._residual(o) for o in origins)
     base = self.baseline_step_flops
     total = self.forward_flops + step.backward_flops
@@ -387,11 +402,10 @@ class TracedProgram:
                         for r, b in zip(residuals, shares, strict=True))
       per_device = sum(r.per_device_nbytes for r in residuals
                        if r.kind in COUNTED_KINDS and r.memory_kind == "device")
-    notes = [self._layout.note] if self._layout.note else []
+    notes = [Finding(self._layout.note, "note")] if self._layout.note else []
     recomputed = self.recomputed_kernels(policy)
-    kernel_notes = kernel_warnings(self, policy, residuals,
-                                   [o.activation_matmul for o in origins],
-                                   recomputed)
+    kernel_notes = self._kernel_findings(policy, origins, residuals,
+                                         recomputed)
     return ResidualReport(
         policy=policy.name, residuals=residuals,
         forward_flops=self.forward_flops,
@@ -529,8 +543,7 @@ def _strip_root(path: str, root: str) -> str:
   parts = [p[len(root) + 1:] if p.startswith(root + ".") else p for p in parts]
   # A transform lifted over a method scopes the module's name once more
   # ("Block_0/Block_0"): one module, one path component.
-  deduped = [p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1]]
-  return "/".join(deduped)
+  return _dedup("/".join(parts))
 
 
 def _region_name_sets(jaxpr, markers) -> dict[str, frozenset[str]]:

@@ -45,7 +45,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from remat_toolkit._src.analysis.diagnose import KERNEL_KINDS
 from remat_toolkit._src.analysis.diagnose import policy_warnings
 from remat_toolkit._src.analysis.diagnose import unmatched_names_warning
 from remat_toolkit._src.analysis.trace import TracedProgram
@@ -317,8 +316,7 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   _check_options(rtol, atol, seed)
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   program = TracedProgram(fn, args)
-  report = program.report(resolved)
-  residuals = list(report.residuals)
+  residuals = program.residuals(resolved)
   kept = _residual_signature(residuals)
 
   # Shared with every other entry point: regions that do not take the
@@ -330,8 +328,7 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
       warnings.append(extra)
   warnings.extend(_effect_warnings(program))
   # What the report finds about kernels and attention, said here too.
-  warnings.extend(w for w in report.warnings
-                  if getattr(w, "kind", None) in KERNEL_KINDS)
+  warnings.extend(program.kernel_findings(resolved))
 
   default = default_tolerances(_jaxpr.float_dtypes_in(program.jaxpr.jaxpr))
   rtol = default[0] if rtol is None else float(rtol)

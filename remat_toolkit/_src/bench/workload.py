@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -31,9 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from remat_toolkit import models
 from remat_toolkit._src.core import inputs
-from remat_toolkit.models.configs import GPTConfig
 
 __all__ = ["Workload", "Model", "DEFAULT_MODEL", "build_workload",
            "build_options", "check_positive_int", "grad_accum_values",
@@ -121,8 +120,19 @@ def build_options(**options: Any) -> dict[str, Any]:
 
 # ================================================================ built-in
 
+def _models() -> Any:
+  """The built-in models, imported when first asked for: they load flax
+  (about 0.5 s of ``import remat_toolkit``), which a user's model does not
+  need."""
+  from remat_toolkit import models
+  return models
+
+
 def _is_builtin(model: Any) -> bool:
-  return isinstance(model, (str, GPTConfig))
+  # A GPTConfig exists only once the built-in models are imported.
+  configs = sys.modules.get("remat_toolkit.models.configs")
+  return isinstance(model, str) or (
+      configs is not None and isinstance(model, configs.GPTConfig))
 
 
 def _builtin_workload(model: Any, *, batch: int | None,
@@ -130,6 +140,7 @@ def _builtin_workload(model: Any, *, batch: int | None,
                       optimizer: optax.GradientTransformation, seed: int,
                       default_batch: Callable[[int], int], abstract: bool
                       ) -> Workload:
+  models = _models()
   config = models.get_config(model)
   size = batch if batch is not None else default_batch(config.batch_size)
   options = dict(build, batch=size, seed=seed)

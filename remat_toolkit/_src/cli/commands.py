@@ -39,12 +39,12 @@ from remat_toolkit._src.cli.models import load_model
 from remat_toolkit._src.cli.models import model_line
 from remat_toolkit._src.cli.shared import add_policy_argument
 from remat_toolkit._src.cli.shared import add_policy_list_arguments
+from remat_toolkit._src.cli.shared import chosen_policy
 from remat_toolkit._src.cli.shared import command_parser
 from remat_toolkit._src.cli.shared import emit
 from remat_toolkit._src.cli.shared import policy_list
 from remat_toolkit._src.planning import planner
 from remat_toolkit._src.policies import catalog
-from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.transform.grouping import group_size
 
 __all__ = ["PARSER_BUILDERS"]
@@ -95,7 +95,7 @@ def _add_analyze_parser(subparsers: Any) -> None:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-  policy = None if args.policy is None else resolve.resolve_policy(args.policy)
+  policy = chosen_policy(args)
   loss_fn, loss_args = load_model(args)
   report = analyze.analyze(loss_fn, *loss_args, policy=policy,
                             compile=args.compile)
@@ -293,7 +293,7 @@ def _add_breakdown_parser(subparsers: Any) -> None:
 
 
 def _cmd_breakdown(args: argparse.Namespace) -> int:
-  policy = None if args.policy is None else resolve.resolve_policy(args.policy)
+  policy = chosen_policy(args)
   loss_fn, loss_args = load_model(args)
   result = memory_breakdown(loss_fn, *loss_args, optimizer=args.optimizer,
                             policy=policy, compile=args.compile)
@@ -327,7 +327,7 @@ def _add_verify_parser(subparsers: Any) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-  policy = None if args.policy is None else resolve.resolve_policy(args.policy)
+  policy = chosen_policy(args)
   loss_fn, loss_args = load_model(args)
   result = verify(loss_fn, *loss_args, policy=policy, rtol=args.rtol,
                   atol=args.atol, check_values=not args.no_values,

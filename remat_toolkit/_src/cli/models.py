@@ -35,9 +35,6 @@ __all__ = ["add_model_options", "load_model", "load_user_model",
 
 _DEFAULT_ANALYSIS_MODEL = "gpt2-small"
 _MODEL_OPTIONS = ("batch", "seq", "dtype", "scan", "group", "attention")
-#: Values of ``--attention`` (``models.ATTENTION_KINDS``, spelt out here so
-#: that building the parser does not import the models).
-_ATTENTION_CHOICES = ("naive", "dot_product", "flash")
 
 
 def add_model_options(parser: argparse.ArgumentParser, *,
@@ -61,7 +58,7 @@ def add_model_options(parser: argparse.ArgumentParser, *,
                       help="blocks per remat region, or 'sqrt'")
   parser.add_argument("--framework", choices=("linen", "nnx"), default="linen",
                       help="built-in model implementation (default: linen)")
-  parser.add_argument("--attention", choices=_ATTENTION_CHOICES,
+  parser.add_argument("--attention", choices=models.ATTENTION_KINDS,
                       help="attention core of a built-in model: naive (the "
                            "full seq x seq softmax), dot_product "
                            "(jax.nn.dot_product_attention) or flash (a "

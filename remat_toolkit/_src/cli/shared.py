@@ -27,7 +27,8 @@ from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies.policy import Policy
 
 __all__ = ["PROG", "POLICY_HELP", "command_parser", "load_policy_files",
-           "add_policy_argument", "add_policy_list_arguments", "policy_list",
+           "add_policy_argument", "add_policy_list_arguments", "chosen_policy",
+           "policy_list",
            "policy_source", "emit", "warn"]
 
 PROG = "remat-toolkit"
@@ -77,6 +78,12 @@ def add_policy_list_arguments(parser: argparse.ArgumentParser, *,
 
 
 # ---------------------------------------------------------------- policies
+
+def chosen_policy(args: argparse.Namespace) -> Policy | None:
+  """The one policy of ``--policy``, resolved before the model is built so
+  that a misspelt name fails at once; None for the ambient one."""
+  return None if args.policy is None else resolve.resolve_policy(args.policy)
+
 
 def policy_list(args: argparse.Namespace) -> list[Policy] | None:
   """The policies a many-policy command runs; None for the entry's default."""

@@ -199,6 +199,11 @@ def _pass_into_bodies(eqn: JaxprEqn, passed: list[bool], found: set[Any]
       found.update(v for v, p in zip(sub.invars, passed, strict=True) if p)
 
 
+#: names_in per jaxpr: a jaxpr never changes, and reading one traces the
+#: forward rules of the kernels in it, once per policy analysed otherwise.
+_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def names_in(jaxpr: Jaxpr) -> frozenset[str]:
   """Every checkpoint name in ``jaxpr`` and the jaxprs nested in it.
 
@@ -206,6 +211,13 @@ def names_in(jaxpr: Jaxpr) -> frozenset[str]:
   gives its residuals there (splash's ``residual_checkpoint_name``) are in
   no other jaxpr of the primal program.
   """
+  names = _NAMES.get(jaxpr)
+  if names is None:
+    names = _NAMES[jaxpr] = _names_in(jaxpr)
+  return names
+
+
+def _names_in(jaxpr: Jaxpr) -> frozenset[str]:
   found: set[str] = set()
   for eqn in walk(jaxpr):
     name = compat.checkpoint_name_of(eqn)
@@ -371,10 +383,8 @@ def count_matmul_flops(jaxpr: Jaxpr, _counted: dict | None = None) -> int:
   total = 0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
-    if name == "dot_general":
-      total += _dot_flops(eqn)
-    elif name == "conv_general_dilated":
-      total += _conv_flops(eqn)
+    if name in ("dot_general", "conv_general_dilated"):
+      total += _matmul_flops(eqn)
     elif name == "cond":
       total += max((count_matmul_flops(b, counted) for b in sub_jaxprs(eqn)),
                    default=0)
@@ -561,10 +571,11 @@ def custom_vjp_forwards(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
     for eqn in j.eqns:
       scopes = prefix + compat.module_scopes(eqn)
       if inside and compat.is_custom_vjp_call(eqn):
-        forward = compat.custom_vjp_forward(eqn)
         name = compat.kernel_name(eqn) or "custom_vjp"
         key = (name, "/".join(scopes))
-        if forward is not None and key not in found:
+        # Tracing the forward rule is the cost: once per call site.
+        forward = None if key in found else compat.custom_vjp_forward(eqn)
+        if forward is not None:
           found[key] = KernelForward(name, key[1], names_in(forward),
                                      _matmul_counts(forward))
         continue
@@ -640,18 +651,14 @@ def substitute_policy(jaxpr: Jaxpr, markers: Any,
   region, and ``body_for(marker, body)`` (if given) its body. The rest of
   the program is shared, not re-traced.
   """
-  names: dict[int, frozenset[str]] = {}  # shared bodies are read once
-
   def on_eqn(eqn, recurse):
     policy = compat.remat_policy_of(eqn) if compat.is_remat(eqn) else None
     if policy is not None and policy in markers:
       body = compat.remat_body_of(eqn)
-      if id(body) not in names:
-        names[id(body)] = names_in(body)
       new_body = recurse(body)
       if body_for is not None:
         new_body = body_for(policy, new_body)
-      return compat.with_remat(eqn, new_body, choose(policy, names[id(body)]))
+      return compat.with_remat(eqn, new_body, choose(policy, names_in(body)))
     return None
 
   return rewrite(jaxpr, on_eqn)

@@ -117,15 +117,11 @@ def _(report: ResidualReport) -> str:
       [k, fmt.format_bytes(b)] for k, b in report.bytes_by_kind().items()],
       caption="Residual bytes by kind")
   kernels = ""
-  if report.by_kernel() or report.recomputed_kernels:
-    kept = report.by_kernel()
-    rerun = {}
-    for k in report.recomputed_kernels:
-      rerun.setdefault(k.kernel, []).append(k)
+  kept, rerun = report.by_kernel(), report.kernel_reruns()
+  if kept or rerun:
     kernels = fmt.html_table(["kernel", "residual bytes", "forward runs again"], [
         [name, fmt.format_bytes(kept.get(name, 0)),
-         (f"{sum(k.runs for k in rerun[name]):g}x, "
-          f"{fmt.format_flops(sum(k.flops for k in rerun[name]))}")
+         (f"{rerun[name][0]:g}x, {fmt.format_flops(rerun[name][1])}")
          if name in rerun else "no"]
         for name in dict.fromkeys([*kept, *rerun])],
         caption="Kernels")
@@ -185,10 +181,8 @@ def _comparison_table(comparison: Comparison
 
 def _rerun_cell(report: ResidualReport) -> str:
   """``mha 2x`` per kernel whose forward runs again, ``-`` for none."""
-  runs: dict[str, float] = {}
-  for k in report.recomputed_kernels:
-    runs[k.kernel] = runs.get(k.kernel, 0) + k.runs
-  return ", ".join(f"{n} {r:g}x" for n, r in runs.items()) or "-"
+  return ", ".join(f"{n} {runs:g}x" for n, (runs, _) in
+                   report.kernel_reruns().items()) or "-"
 
 
 _SILENT_NOTE = "! = keeps none of its names in this model (see warnings)"

@@ -95,9 +95,9 @@ def bench_notes(result: BenchResult) -> list[str]:
 
 
 @table.register
-def bench_markdown(result: BenchResult, *, markdown: bool = True) -> str:
-  """A benchmark's table as Markdown (for a README), without the notes."""
-  del markdown  # the one table form a benchmark has besides its text
+def bench_markdown(result: BenchResult) -> str:
+  """A benchmark's table as Markdown (for a README), without the notes: the
+  one table form a benchmark has besides its text."""
   headers, body = _bench_table(result)
   rule = ["---" if h == "policy" else "---:" for h in headers]
   return "\n".join("| " + " | ".join(row) + " |"

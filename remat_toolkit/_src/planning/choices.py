@@ -98,11 +98,6 @@ class Evaluator:
     self._cache[choice] = outcome = self._outcome(choice, report)
     return outcome
 
-  def jax_policy(self, policy: Policy) -> Outcome:
-    """A wrapped JAX policy, measured as given; no choice of names is it, so
-    it is not a candidate of the search."""
-    return self.policy(policy)
-
   def policy(self, policy: Policy) -> Outcome:
     """Any policy measured as given (a per-region one too), cached; it is
     not a candidate of the uniform search."""

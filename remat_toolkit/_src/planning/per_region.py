@@ -324,8 +324,3 @@ def _front(candidates: list[Candidate]) -> list[Candidate]:
   out.sort(key=lambda c: (c.choice != Choice(), c.option.device,
                           c.option.cost))
   return out
-
-
-# ==================================================================== plans
-
-

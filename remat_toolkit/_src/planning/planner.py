@@ -42,8 +42,8 @@ This module plans; what a choice of names means and how it is measured is
 in :mod:`~remat_toolkit._src.planning.choices`, the search itself works on
 numbers alone (:mod:`~remat_toolkit._src.planning.search`), the result is data
 (:mod:`~remat_toolkit._src.results.planning`, rendered by
-:mod:`~remat_toolkit._src.display`), per-region plans are made in
-:mod:`~remat_toolkit._src.planning.per_region`, per-device figures in
+:mod:`~remat_toolkit._src.display`), per-region plans are measured by
+:mod:`~remat_toolkit._src.planning.per_region` and made here, per-device figures in
 :mod:`~remat_toolkit._src.planning.per_device`, layouts of several group sizes
 are weighed in :mod:`~remat_toolkit._src.planning.groups` and the frontier is
 drawn from plans in :mod:`~remat_toolkit._src.planning.frontier`.

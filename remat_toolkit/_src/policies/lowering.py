@@ -41,7 +41,7 @@ from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import PolicyLike
 
 __all__ = ["RegionPolicy", "region_policy", "region_jax_policy",
-           "substitute_ambient", "ambient_substituted", "RegionMarkers",
+           "substitute_ambient", "RegionMarkers",
            "warn_if_unmatched"]
 
 _substitute: contextvars.ContextVar[Any] = contextvars.ContextVar(
@@ -105,9 +105,8 @@ class RegionPolicy:
   Attributes:
     key: the region's key (:mod:`~remat_toolkit._src.policies.region_keys`).
     policy: the policy the region runs under (a per-region policy's entry
-      for ``key``); None while the analyzer traces it
-      (:func:`substitute_ambient`), or when a per-region policy has none
-      for ``key`` (``uncovered``).
+      for ``key``, ``boundary-only`` when it has none: ``uncovered``); None
+      while the analyzer traces it (:func:`substitute_ambient`).
     substitute: the analyzer's stand-in, when it traces the region.
     uncovered: the per-region policy that names no policy for ``key``.
   """
@@ -144,10 +143,10 @@ def region_policy(policy: PolicyLike, region: str | None = None
   if policy is None and substitute is not None:
     return RegionPolicy(key, None, substitute=substitute)
   resolved = resolve.resolve_policy(policy)
-  if not resolved.is_per_region:
-    return RegionPolicy(key, resolved)
-  chosen = resolved.for_region(key)
-  return RegionPolicy(key, chosen, uncovered=None if chosen else resolved)
+  chosen = resolved.for_region(key)  # itself, unless it is per region
+  if chosen is None:
+    return RegionPolicy(key, BOUNDARY_ONLY, uncovered=resolved)
+  return RegionPolicy(key, chosen)
 
 
 def region_jax_policy(region: RegionPolicy, names: Iterable[str] | None = None,
@@ -174,7 +173,6 @@ def region_jax_policy(region: RegionPolicy, names: Iterable[str] | None = None,
     return substitute
   if region.uncovered is not None:
     _warn_if_uncovered(region.uncovered, region.key)
-    return BOUNDARY_ONLY.to_jax(names, region=region.key)
   return region.policy.to_jax(names, region=region.key)
 
 
@@ -194,11 +192,6 @@ def substitute_ambient(jax_policy: Any) -> Iterator[None]:
       yield
   finally:
     _substitute.reset(token)
-
-
-def ambient_substituted() -> bool:
-  """Whether :func:`substitute_ambient` is active (the analyzer is tracing)."""
-  return _substitute.get() is not None
 
 
 def _warn_if_uncovered(policy: Policy, key: str) -> None:

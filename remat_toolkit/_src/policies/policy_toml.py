@@ -1,7 +1,7 @@
 """Policy files: the TOML reader and writer, side by side.
 
 The catalogue reads built-in and user policy files with
-:func:`parse_policy_file`; ``Plan.save`` writes them with
+:func:`parse_policy_file`; ``rt.save_policy`` writes them with
 :func:`policy_toml`. Both know the same keys, so what one writes the other
 reads back equal.
 

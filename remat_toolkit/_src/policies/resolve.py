@@ -38,6 +38,7 @@ from typing import Any
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import region_keys
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.policy import BOUNDARY_ONLY
 from remat_toolkit._src.policies.policy import SAVE_EVERYTHING
 from remat_toolkit._src.policies.policy import Policy
@@ -47,7 +48,7 @@ from remat_toolkit._src.policies.policy import unrunnable_reason
 __all__ = ["SAVE_EVERYTHING", "BOUNDARY_ONLY", "PolicyLike", "resolve_policy",
            "resolve_policies", "require_runnable", "split_runnable",
            "unrunnable_reason", "use_policy", "current_policy",
-           "is_policy_file"]
+           "is_policy_file", "declared_policy"]
 
 _ambient: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(
     "remat_toolkit_ambient_policy", default=None)
@@ -104,7 +105,7 @@ def resolve_policy(policy: PolicyLike, *, argument: str = "policy") -> Policy:
     return _read_policy_file(policy)
   if isinstance(policy, (str, Policy)):
     return catalog.get_policy(policy)
-  planned = _planned_policy(policy)
+  planned = policy_of(policy)
   if planned is not None:
     return planned
   if callable(policy):
@@ -113,9 +114,20 @@ def resolve_policy(policy: PolicyLike, *, argument: str = "policy") -> Policy:
                   f"{argument}='save-attention'.")
 
 
-def _planned_policy(value: Any) -> Policy | None:
-  """The policy of a plan (what ``rt.plan`` returns), else None."""
-  return None if isinstance(value, Policy) else policy_of(value)
+def declared_policy(policy: PolicyLike, *, argument: str = "policy"
+                    ) -> PolicyLike:
+  """What a region declared with ``policy`` holds until it is traced.
+
+  Checks ``policy`` now (as :func:`resolve_policy` does). A name stays a
+  name, resolved when the region is traced, since the catalogue may change
+  in between; a policy file is read now, once, and its :class:`Policy`
+  held, so that no trace reads the file again. None stays None (the
+  ambient policy).
+  """
+  if policy is None:
+    return None
+  resolved = resolve_policy(policy, argument=argument)
+  return resolved if is_policy_file(policy) else policy
 
 
 def resolve_policies(policies: Sequence[PolicyLike] | None, *,
@@ -136,7 +148,7 @@ def resolve_policies(policies: Sequence[PolicyLike] | None, *,
       holds something :func:`resolve_policy` refuses.
     ValueError: for an unknown name, or an empty list.
   """
-  if isinstance(policies, (str, Policy)) or _planned_policy(policies) or (
+  if isinstance(policies, (str, Policy)) or policy_of(policies) or (
       policies is not None and callable(policies)):
     raise TypeError(f"{argument} must be a list, got {policies!r}; write "
                     f"{argument}=[{policies!r}].")
@@ -155,7 +167,7 @@ def resolve_policies(policies: Sequence[PolicyLike] | None, *,
   for item in items:
     if item is None or not (isinstance(item, (str, Policy, os.PathLike))
                             or callable(item)
-                            or _planned_policy(item) is not None):
+                            or policy_of(item) is not None):
       raise TypeError(
           f"{argument} must hold policy names, remat_toolkit.Policy values, "
           f"plans or jax.checkpoint_policies policies, got {item!r} in "
@@ -192,7 +204,7 @@ def split_runnable(policies: Sequence[Policy]
     if reason is None:
       runnable.append(p)
     else:
-      skipped[p.name] = reason
+      skipped[p.name] = Finding(reason, "unrunnable", p.name)
   return runnable, skipped
 
 

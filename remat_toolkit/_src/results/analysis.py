@@ -302,6 +302,15 @@ class ResidualReport(Result):
     return _group((r for r in self.activations if r.kernel),
                   lambda r: r.kernel)
 
+  def kernel_reruns(self) -> dict[str, tuple[float, int]]:
+    """Per kernel whose forward runs again: ``(runs, FLOPs)`` over its call
+    sites (:attr:`recomputed_kernels` summed by kernel)."""
+    found: dict[str, tuple[float, int]] = {}
+    for k in self.recomputed_kernels:
+      runs, flops = found.get(k.kernel, (0.0, 0))
+      found[k.kernel] = (runs + k.runs, flops + k.flops)
+    return found
+
   @property
   def kernel_recompute_flops(self) -> int:
     """FLOPs of the kernel forwards that run again (:attr:`recomputed_kernels`)."""

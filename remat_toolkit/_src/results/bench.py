@@ -169,7 +169,7 @@ class BenchResult(Result):
 
   def to_markdown(self) -> str:
     """The table as Markdown (for a README), without the notes."""
-    return render.table(self, markdown=True)
+    return render.table(self)
 
 
 @dataclasses.dataclass(frozen=True)

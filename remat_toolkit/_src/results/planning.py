@@ -1,8 +1,8 @@
 """What :func:`remat_toolkit.plan` returns: the plan and what it was weighed against.
 
 Data only; :mod:`remat_toolkit._src.display` renders it (``str(plan)``, a
-notebook's HTML), and :meth:`Plan.save` writes its policy as a file the
-catalogue reads.
+notebook's HTML), and ``rt.save_policy(plan, path)`` writes its policy as a
+file the catalogue reads.
 
 Example:
   >>> import jax, jax.numpy as jnp

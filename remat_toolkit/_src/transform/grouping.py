@@ -237,7 +237,7 @@ def remat_chain(layers: Sequence[Callable[..., Any]], x: Any, *,
     >>> Stack().apply(params, x).shape
     (2, 3)
   """
-  transform.validate_policy(policy, "remat_chain")
+  policy = transform.validate_policy(policy, "remat_chain")
   layers = _check_layers(layers)
   size = group_size(group, len(layers))
   kind = _chain_kind(layers)
@@ -436,7 +436,7 @@ def scan_layers(block_cls: type, length: int, *,
           block_cls, length, size, runs,
           functools.partial(_single_scan, block_cls, size=size))
     policy = runs[0].policy  # one policy for every region: the single scan
-  transform.validate_policy(policy, where)
+  policy = transform.validate_policy(policy, where)
   return _single_scan(block_cls, length, policy, remat, size=size)
 
 
@@ -522,7 +522,7 @@ def _nnx_scan_layers(block_cls: type, length: int, *,
     policy = runs[0].policy
     runs = runs if remat and len(runs) > 1 else None
   # An unknown name fails now, not at trace time.
-  transform.validate_policy(policy, where)
+  policy = transform.validate_policy(policy, where)
   spec = _NNXScanSpec(block_cls=block_cls, length=length, size=size,
                       policy=policy, remat=bool(remat), runs=runs)
   return _make_nnx_stack_class(spec)

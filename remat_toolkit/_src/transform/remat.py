@@ -68,16 +68,15 @@ class RegionSpec:
   name: str | None = None
 
 
-def validate_policy(policy: PolicyLike, where: str) -> None:
-  """Fails at declaration for a bad policy; resolution waits for tracing.
+def validate_policy(policy: PolicyLike, where: str) -> PolicyLike:
+  """Fails at declaration for a bad policy; returns what the region holds
+  (:func:`resolve.declared_policy`).
 
   The resolver's own messages, the TypeError prefixed by ``where`` (a rule
   or a region among many); None (the ambient policy) is always valid.
   """
-  if policy is None:
-    return
   try:
-    resolve.resolve_policy(policy)  # unknown name -> ValueError with suggestions
+    return resolve.declared_policy(policy)  # unknown name -> ValueError
   except TypeError as error:
     raise TypeError(f"{where}: {error}") from None
 
@@ -407,7 +406,7 @@ def remat_region(fn: Callable[..., Any], *, policy: PolicyLike = None,
     >>> float(jax.grad(g)(0.0))
     1.0
   """
-  validate_policy(policy, where)
+  policy = validate_policy(policy, where)
   spec = RegionSpec(policy=policy, prevent_cse=bool(prevent_cse),
                     static_argnums=_normalize_static_argnums(static_argnums,
                                                              where),
@@ -492,7 +491,7 @@ def remat(target: Any = None, policy: PolicyLike = None, *,
                              prevent_cse=prevent_cse)
   where = _describe(target)
   _check_target(target, where)
-  validate_policy(policy, where)
+  policy = validate_policy(policy, where)
   static = _normalize_static_argnums(static_argnums, where)
   cse = True if prevent_cse is None else bool(prevent_cse)
   if _is_linen_class(target):

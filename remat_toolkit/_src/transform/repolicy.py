@@ -55,12 +55,6 @@ def _check_regions(regions: Any) -> tuple[str, ...] | None:
   return tuple(regions)
 
 
-def _check_policy(policy: PolicyLike) -> None:
-  """Fails now for a bad policy; None (the ambient one) waits for tracing."""
-  if policy is not None:
-    resolve.resolve_policy(policy, argument="repolicy's policy")
-
-
 def _selected(key: str, patterns: tuple[str, ...] | None, hits: set[str]
               ) -> bool:
   if patterns is None:
@@ -213,7 +207,7 @@ def repolicy(fn: Callable[..., Any], policy: PolicyLike = None, *,
   if not callable(fn):
     raise TypeError(f"repolicy takes the function to re-policy, got "
                     f"{fn!r} ({type(fn).__name__}); e.g. rt.repolicy(loss).")
-  _check_policy(policy)
+  policy = resolve.declared_policy(policy, argument="repolicy's policy")
   patterns = _check_regions(regions)
 
   @functools.wraps(fn)

@@ -77,8 +77,8 @@ def _validate_rules(rules: Any) -> _Rules:
       raise TypeError(
           f"rule keys must be module class names or module-path globs "
           f"(non-empty strings), got {pattern!r}; e.g. 'Block' or 'Block_*'.")
-    transform.validate_policy(policy, f"rule {pattern!r}")
-    items.append((pattern, policy))
+    items.append((pattern, transform.validate_policy(policy,
+                                                     f"rule {pattern!r}")))
   return _Rules(tuple(items))
 
 

@@ -157,8 +157,7 @@ def _region_policies(policy: Any, where: str) -> list[Policy | None] | None:
     return [_entry(item, i, where) for i, item in enumerate(policy)]
   if policy is None:
     return None
-  transform.validate_policy(policy, where)
-  resolved = resolve.resolve_policy(policy)
+  resolved = resolve.resolve_policy(transform.validate_policy(policy, where))
   if not resolved.is_per_region:
     return None
   globs = [key for key, _ in resolved.regions if is_glob(key)]
