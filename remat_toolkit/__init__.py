@@ -14,6 +14,7 @@ Example:
 from remat_toolkit._src.analysis.analyze import analyze
 from remat_toolkit._src.analysis.analyze import compare
 from remat_toolkit._src.analysis.breakdown import memory_breakdown
+from remat_toolkit._src.analysis.peak import peak
 from remat_toolkit._src.analysis.verify import verify
 from remat_toolkit._src.bench.batch_search import largest_batch
 from remat_toolkit._src.bench.measure import bench
@@ -65,6 +66,7 @@ __all__ = [
     "analyze",
     "compare",
     "memory_breakdown",
+    "peak",
     "plan",
     "frontier",
     "verify",

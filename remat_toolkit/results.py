@@ -25,6 +25,9 @@ from remat_toolkit._src.results.bench import BatchFit
 from remat_toolkit._src.results.bench import BatchSearch
 from remat_toolkit._src.results.bench import BenchRecord
 from remat_toolkit._src.results.bench import BenchResult
+from remat_toolkit._src.results.peak import LiveTensor
+from remat_toolkit._src.results.peak import Peak
+from remat_toolkit._src.results.peak import XlaBuffer
 from remat_toolkit._src.results.planning import Frontier
 from remat_toolkit._src.results.planning import FrontierPoint
 from remat_toolkit._src.results.planning import Plan
@@ -34,5 +37,5 @@ from remat_toolkit._src.results.regions import RematSummary
 __all__ = [
     "Residual", "RecomputedKernel", "ResidualReport", "Comparison", "Breakdown", "Plan",
     "RegionPlan", "Frontier", "FrontierPoint", "Verification", "BenchRecord", "BenchResult",
-    "BatchFit", "BatchSearch", "RematSummary", "Lowering",
+    "BatchFit", "BatchSearch", "RematSummary", "Lowering", "Peak", "LiveTensor", "XlaBuffer",
 ]

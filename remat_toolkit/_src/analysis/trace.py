@@ -256,6 +256,25 @@ class TracedProgram:
       return None
     return mask
 
+  @property
+  def paths(self) -> list[str]:
+    """The pytree path of each argument leaf (``jax.tree_util.keystr``)."""
+    return list(self._paths)
+
+  @property
+  def root(self) -> str:
+    """The model's root scope (a Flax model's class name), or ``""``."""
+    return self._root
+
+  def module_path(self, path: str) -> str:
+    """``path`` as results show it: the model's root scope dropped."""
+    return _strip_root(path, self._root) if self._root else path
+
+  def substituted(self, policy: Policy):
+    """The traced program (a jaxpr over :attr:`leaves`, with the constants
+    ``self.jaxpr.consts``) with every ambient region under ``policy``."""
+    return self._substituted(policy)
+
   def _substituted(self, policy: Policy):
     mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))
     named: dict[tuple[int, tuple[bool, ...]], Any] = {}  # shared bodies stay so

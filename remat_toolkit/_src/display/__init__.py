@@ -21,7 +21,8 @@ Example:
 # Each module registers the renderers of one family of results.
 from remat_toolkit._src.display import analysis as analysis
 from remat_toolkit._src.display import benchmark as benchmark
+from remat_toolkit._src.display import peak as peak
 from remat_toolkit._src.display import planning as planning
 from remat_toolkit._src.display import plot as plot
 
-__all__ = ["analysis", "benchmark", "planning", "plot"]
+__all__ = ["analysis", "benchmark", "peak", "planning", "plot"]

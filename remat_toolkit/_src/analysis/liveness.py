@@ -1,0 +1,443 @@
+"""The peak of a training step, predicted from its jaxpr as XLA would lay it out.
+
+:func:`predict_peak` walks the whole step (forward and backward, or a train
+step with its optimizer update) in program order and keeps the bytes of every
+buffer alive between the equation that makes it and its last use. What XLA
+does to buffers is modelled from the program alone, nothing is compiled:
+
+- **Fusion.** An elementwise value (add, convert, broadcast, reshape, ...)
+  whose every consumer is elementwise or a reduction is fused into them and
+  never stored; a transpose that only feeds matmuls becomes the matmul's
+  operand layout.
+- **Common subexpressions.** Elementwise functions of the step's arguments
+  alone (a parameter cast to bfloat16) are computed once: XLA merges the
+  forward pass's cast with the one the backward pass recomputes, so it lives
+  from its first use to its last.
+- **Names.** ``checkpoint_name`` is an identity: the named value is the
+  value.
+- **Loops and branches** (``scan``, ``while``, ``cond``): their outputs are
+  allocated when they start, and the largest transient set of one iteration
+  (or branch) is added while they run.
+- **Arguments and outputs** are held for the whole step, as XLA allocates
+  them (its ``memory_analysis()`` counts ``argument + output + temp``).
+- **XLA:CPU** computes 16-bit matmuls in float32: each 16-bit operand is
+  stored again in float32 and the product comes out in float32
+  (``upcast_low_precision_matmuls``).
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from remat_toolkit._src.analysis.liveness import predict_peak
+  >>> f = lambda w, x: jnp.tanh(x @ w).sum()
+  >>> step = jax.make_jaxpr(jax.grad(f))(jnp.ones((64, 64)), jnp.ones((8, 64)))
+  >>> peak = predict_peak(step.jaxpr, ["parameter", "input"])
+  >>> peak.bytes  # w, x and dw held; dw before its transpose, x @ w
+  53248
+  >>> sorted({v.phase for v in peak.live})
+  ['backward transient', 'gradient', 'input', 'parameter']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from remat_toolkit._src.core import compat
+from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.core.compat import Jaxpr
+from remat_toolkit._src.core.compat import JaxprEqn
+
+__all__ = ["LiveValue", "LivenessPeak", "predict_peak", "PHASES"]
+
+#: What a value live at the peak is, in the order results list them.
+PHASES = ("parameter", "input", "optimizer state", "gradient", "output",
+          "kept residual", "forward transient", "backward transient")
+
+# Primitives XLA fuses into their consumers (loop fusion): no buffer of their
+# own when every consumer fuses them too.
+_ELEMENTWISE = frozenset("""
+add add_any sub mul div rem neg abs sign floor ceil round is_finite max min
+exp exp2 expm1 log log1p tanh logistic sqrt rsqrt cbrt pow integer_pow square
+sin cos tan asin acos atan atan2 sinh cosh asinh acosh atanh erf erfc erf_inv
+lgamma digamma select_n clamp convert_element_type reduce_precision
+eq ne lt le gt ge and or not xor shift_left shift_right_logical
+shift_right_arithmetic population_count nextafter real imag conj complex
+broadcast_in_dim reshape squeeze expand_dims iota stop_gradient copy copy_p
+""".split())
+# Consumers an elementwise producer fuses into as well (input fusion).
+_REDUCTIONS = frozenset("""
+reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor
+argmax argmin cumsum cumlogsumexp cummax cummin
+""".split())
+_MATMULS = frozenset({"dot_general", "conv_general_dilated"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveValue:
+  """One buffer live at the predicted peak.
+
+  Attributes:
+    shape: its shape.
+    dtype: its dtype name (the stored one: ``float32`` for a 16-bit matmul
+      operand XLA:CPU upcasts).
+    nbytes: bytes it holds.
+    phase: one of :data:`PHASES`.
+    module_path: the module that made it (argument path for an argument).
+    name: its checkpoint name, if it has one.
+    primitive: the primitive that made it (``"argument"`` for an argument).
+    index: for an argument or output, its position in the step's arguments
+      or outputs.
+  """
+
+  shape: tuple[int, ...]
+  dtype: str
+  nbytes: int
+  phase: str
+  module_path: str
+  name: str | None
+  primitive: str
+  index: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LivenessPeak:
+  """The predicted peak: its bytes, what is live then, and where it falls.
+
+  Attributes:
+    bytes: the sum of ``live``.
+    live: every buffer live at the peak, arguments and outputs included.
+    primitive: the primitive running at the peak.
+    module_path: the module it belongs to.
+    backward: whether it belongs to the backward pass.
+  """
+
+  bytes: int
+  live: tuple[LiveValue, ...]
+  primitive: str
+  module_path: str
+  backward: bool
+
+
+@dataclasses.dataclass
+class _Op:
+  primitive: str
+  ins: list[int | None]
+  outs: list[int]
+  eqn: JaxprEqn | None
+  inner: int = 0  # the largest transient set of a loop body or branch
+  path: str = ""  # module path, the enclosing calls' included
+  backward: bool = False
+
+
+@dataclasses.dataclass
+class _Value:
+  aval: Any
+  nbytes: int
+  op: int | None = None  # index of the producing op; None for an input
+  name: str | None = None
+
+
+def nbytes_of(aval: Any) -> int:
+  """Device bytes of an abstract value (0 in host memory, or without a shape)."""
+  if _jaxpr.memory_kind_of(aval) != "device":
+    return 0
+  shape = getattr(aval, "shape", None)
+  dtype = getattr(aval, "dtype", None)
+  if shape is None or dtype is None:
+    return 0
+  try:
+    itemsize = np.dtype(dtype).itemsize
+  except TypeError:  # extended dtypes (PRNG keys): their base array
+    itemsize = getattr(dtype, "itemsize", 4) or 4
+  return int(np.prod(shape, dtype=np.int64)) * int(itemsize)
+
+
+def _is_low_precision(aval: Any) -> bool:
+  dtype = getattr(aval, "dtype", None)
+  try:
+    return np.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
+  except TypeError:
+    return False
+
+
+class _Program:
+  """A step flattened to one list of ops: call-like bodies inlined, loops
+  and branches kept whole with the transient peak of their bodies."""
+
+  def __init__(self, upcast: bool):
+    self.ops: list[_Op] = []
+    self.values: list[_Value] = []
+    self.upcast = upcast
+    self._cse: dict[tuple, list[int]] = {}
+    self._from_arguments: set[int] = set()
+
+  def new_value(self, aval: Any, op: int | None) -> int:
+    self.values.append(_Value(aval, nbytes_of(aval), op))
+    return len(self.values) - 1
+
+  def add(self, jaxpr: Jaxpr, env: dict[Any, int], path: str = "",
+          backward: bool = False) -> None:
+    for eqn in jaxpr.eqns:
+      ins = [env.get(a) if _jaxpr.is_jaxpr_var(a) else None for a in eqn.invars]
+      name = compat.checkpoint_name_of(eqn)
+      if name is not None and len(eqn.invars) == len(eqn.outvars):
+        for o, i in zip(eqn.outvars, ins, strict=True):
+          if i is not None:
+            env[o] = i
+            self.values[i].name = self.values[i].name or name
+        continue
+      here = _join(path, _jaxpr.module_path(eqn))
+      back = backward or _is_backward(eqn)
+      body = compat.call_body(eqn)
+      if body is not None:
+        self._inline(eqn, body, ins, env, here, back)
+        continue
+      self._add_eqn(eqn, ins, env, here, back)
+
+  def _inline(self, eqn: JaxprEqn, body: Jaxpr, ins: list[int | None],
+              env: dict[Any, int], path: str, backward: bool) -> None:
+    inner = {v: i for v, i in zip(body.invars, ins, strict=True) if i is not None}
+    self.add(body, inner, path, backward)
+    for o, b in zip(eqn.outvars, body.outvars, strict=True):
+      if _jaxpr.is_jaxpr_var(b) and b in inner:
+        env[o] = inner[b]
+      else:  # a literal or constant output: a small buffer of its own
+        op = len(self.ops)
+        env[o] = self.new_value(o.aval, op)
+        self.ops.append(_Op("literal", [], [env[o]], eqn, 0, path, backward))
+
+  def _add_eqn(self, eqn: JaxprEqn, ins: list[int | None],
+               env: dict[Any, int], path: str, backward: bool) -> None:
+    prim = eqn.primitive.name
+    subs = _jaxpr.sub_jaxprs(eqn)
+    key = None
+    if (not subs and ins and prim in _ELEMENTWISE | {"transpose"}
+        and all(i is not None and i in self._from_arguments for i in ins)):
+      key = (prim, tuple(ins), _params_key(eqn))
+      if key in self._cse:
+        for o, v in zip(eqn.outvars, self._cse[key], strict=True):
+          env[o] = v
+        return
+    op = len(self.ops)
+    outs = [self.new_value(o.aval, op) for o in eqn.outvars]
+    for o, v in zip(eqn.outvars, outs, strict=True):
+      env[o] = v
+    inner = max((_body_peak(s, self.upcast) for s in subs), default=0)
+    self.ops.append(_Op(prim, ins, outs, eqn, inner, path, backward))
+    if key is not None:
+      self._cse[key] = outs
+      self._from_arguments.update(outs)
+
+
+def _join(prefix: str, path: str) -> str:
+  if not prefix or path.startswith(prefix):
+    return path or prefix
+  return f"{prefix}/{path}" if path else prefix
+
+
+def _params_key(eqn: JaxprEqn) -> str:
+  return repr(sorted((k, repr(v)) for k, v in eqn.params.items()))
+
+
+def _body_peak(body: Jaxpr, upcast: bool) -> int:
+  """The largest set of transients one run of ``body`` holds at once."""
+  program = _Program(upcast)
+  env = {v: program.new_value(v.aval, None)
+         for v in [*body.constvars, *body.invars]}
+  program.add(body, env)
+  sim = _Simulation(program, outputs=set())
+  return sim.peak_transients
+
+
+class _Simulation:
+  """Liveness of one flattened program, under the buffer model above."""
+
+  def __init__(self, program: _Program, outputs: set[int]):
+    self.program = program
+    self.outputs = outputs
+    ops, values = program.ops, program.values
+    self.consumers: dict[int, list[int]] = {}
+    for k, op in enumerate(ops):
+      for i in op.ins:
+        if i is not None:
+          self.consumers.setdefault(i, []).append(k)
+    self.size = [v.nbytes for v in values]
+    if program.upcast:
+      self._upcast_matmul_operands()
+    self._stored: dict[int, bool] = {}
+    self.peak_transients, self.peak_at, self.peak_set = self._run()
+
+  def _source(self, v: int | None) -> int | None:
+    """The stored value behind a chain of transposes feeding a matmul."""
+    values, ops = self.program.values, self.program.ops
+    while v is not None and values[v].op is not None and (
+        ops[values[v].op].primitive == "transpose"):
+      v = ops[values[v].op].ins[0]
+    return v
+
+  def _upcast_matmul_operands(self) -> None:
+    values, ops = self.program.values, self.program.ops
+    for op in ops:
+      if op.primitive not in _MATMULS:
+        continue
+      for i in op.ins:
+        src = self._source(i)
+        if src is not None and values[src].op is not None and _is_low_precision(
+            values[src].aval):
+          self.size[src] = 2 * values[src].nbytes
+      for o in op.outs:
+        if _is_low_precision(values[o].aval):
+          self.size[o] = 2 * values[o].nbytes
+
+  def stored(self, v: int) -> bool:
+    """Whether XLA gives value ``v`` a buffer (it is not fused away)."""
+    if v not in self._stored:
+      self._stored[v] = self._decide_stored(v)
+    return self._stored[v]
+
+  def _decide_stored(self, v: int) -> bool:
+    values, ops = self.program.values, self.program.ops
+    producer = values[v].op
+    consumers = self.consumers.get(v, [])
+    if producer is None or v in self.outputs or not consumers:
+      return v in self.outputs or producer is None
+    prim = ops[producer].primitive
+    if prim == "transpose":
+      return not all(ops[c].primitive in _ELEMENTWISE | _REDUCTIONS | _MATMULS
+                     for c in consumers)
+    if prim not in _ELEMENTWISE:
+      return True
+    return not all(
+        ops[c].primitive in _ELEMENTWISE | _REDUCTIONS
+        or (ops[c].primitive == "transpose" and not self.stored(ops[c].outs[0]))
+        for c in consumers)
+
+  def _run(self) -> tuple[int, int, dict[int, int]]:
+    ops = self.program.ops
+    last = {v: max(cs) for v, cs in self.consumers.items()}
+    live: dict[int, int] = {}
+    current = peak = 0
+    peak_at, peak_set = -1, {}
+    for k, op in enumerate(ops):
+      born = {o: self.size[o] for o in op.outs
+              if o not in self.outputs and o in self.consumers and self.stored(o)}
+      now = current + sum(born.values()) + op.inner
+      if now > peak:
+        peak, peak_at = now, k
+        peak_set = {**live, **born}
+      live.update(born)
+      current += sum(born.values())
+      for i in set(op.ins):
+        if i is not None and last.get(i) == k and i in live:
+          current -= live.pop(i)
+    return peak, peak_at, peak_set
+
+
+def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
+                 out_phases: Sequence[str] | None = None,
+                 arg_paths: Sequence[str] | None = None,
+                 donated: Sequence[bool] | None = None,
+                 upcast_low_precision_matmuls: bool = False) -> LivenessPeak:
+  """The peak bytes of ``jaxpr`` as one XLA program, and what is live then.
+
+  Args:
+    jaxpr: the whole step (its constvars count as arguments).
+    arg_phases: the phase of each invar (``"parameter"``, ``"input"``,
+      ``"optimizer state"``).
+    out_phases: the phase of each outvar (default ``"gradient"``).
+    arg_paths: a label per invar (its pytree path).
+    donated: per invar, whether the step donates it (an output of its type
+      then reuses its buffer, as ``memory_analysis()``'s alias bytes say).
+    upcast_low_precision_matmuls: XLA:CPU's float32 matmuls (see above).
+  """
+  program = _Program(upcast_low_precision_matmuls)
+  env: dict[Any, int] = {}
+  for v in jaxpr.constvars:
+    env[v] = program.new_value(v.aval, None)
+  inputs = [program.new_value(v.aval, None) for v in jaxpr.invars]
+  env.update(zip(jaxpr.invars, inputs, strict=True))
+  program._from_arguments.update(env.values())
+  program.add(jaxpr, env)
+  outputs = [env.get(v) if _jaxpr.is_jaxpr_var(v) else None
+             for v in jaxpr.outvars]
+  sim = _Simulation(program, outputs={o for o in outputs if o is not None})
+  live = _arguments(jaxpr, arg_phases, arg_paths)
+  live += _outputs(jaxpr, out_phases, arg_phases, donated, set(inputs))
+  live += _transients(sim)
+  op = program.ops[sim.peak_at] if sim.peak_at >= 0 else None
+  return LivenessPeak(
+      bytes=sum(v.nbytes for v in live), live=tuple(live),
+      primitive=op.primitive if op is not None else "",
+      module_path=op.path if op is not None else "",
+      backward=op is not None and op.backward)
+
+
+def _arguments(jaxpr: Jaxpr, phases: Sequence[str],
+               paths: Sequence[str] | None) -> list[LiveValue]:
+  out = [LiveValue(_shape(v.aval), _dtype(v.aval), nbytes_of(v.aval), "input",
+                   "", None, "constant") for v in jaxpr.constvars]
+  for k, v in enumerate(jaxpr.invars):
+    out.append(LiveValue(_shape(v.aval), _dtype(v.aval), nbytes_of(v.aval),
+                         phases[k], paths[k] if paths else "", None,
+                         "argument", k))
+  return out
+
+
+def _outputs(jaxpr: Jaxpr, phases: Sequence[str] | None,
+             arg_phases: Sequence[str], donated: Sequence[bool] | None,
+             input_ids: set[int]) -> list[LiveValue]:
+  free = [k for k, d in enumerate(donated or ()) if d]
+  out = []
+  for k, v in enumerate(jaxpr.outvars):
+    phase = phases[k] if phases else "gradient"
+    size = nbytes_of(v.aval)
+    # A donated argument of the same type is reused for this output.
+    match = next((a for a in free if _same(jaxpr.invars[a].aval, v.aval)), None)
+    if match is not None:
+      free.remove(match)
+      continue
+    out.append(LiveValue(_shape(v.aval), _dtype(v.aval), size, phase, "", None,
+                         "output", k))
+  return out
+
+
+def _same(a: Any, b: Any) -> bool:
+  return (getattr(a, "shape", None) == getattr(b, "shape", None)
+          and getattr(a, "dtype", None) == getattr(b, "dtype", None))
+
+
+def _transients(sim: _Simulation) -> list[LiveValue]:
+  values, ops = sim.program.values, sim.program.ops
+  out = []
+  for v, size in sorted(sim.peak_set.items(), key=lambda kv: -kv[1]):
+    value = values[v]
+    op = ops[value.op] if value.op is not None else None
+    if op is not None and op.backward:
+      phase = "backward transient"
+    elif any(ops[c].backward for c in sim.consumers.get(v, [])):
+      phase = "kept residual"
+    else:
+      phase = "forward transient"
+    dtype = _dtype(value.aval)
+    if size == 2 * value.nbytes and _is_low_precision(value.aval):
+      dtype = "float32"
+    out.append(LiveValue(
+        _shape(value.aval), dtype, size, phase,
+        op.path if op is not None else "", value.name,
+        op.primitive if op is not None else "argument"))
+  return out
+
+
+def _is_backward(eqn: JaxprEqn) -> bool:
+  return "transpose(" in str(eqn.source_info.name_stack)
+
+
+def _shape(aval: Any) -> tuple[int, ...]:
+  return tuple(int(d) for d in getattr(aval, "shape", ()))
+
+
+def _dtype(aval: Any) -> str:
+  return str(getattr(aval, "dtype", ""))
