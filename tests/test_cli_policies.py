@@ -16,6 +16,7 @@ from shared_helpers import remat3_offloads
 from shared_helpers import run_cli
 
 import remat_toolkit as rt
+from remat_toolkit import models
 
 
 def _run(capsys, *argv):
@@ -202,6 +203,24 @@ def test_a_policy_file_is_a_policy_name_everywhere(capsys, tmp_path):
   assert "keep-up" not in rt.list_policies()  # run, not registered
 
 
+def test_peak_takes_one_policy_either_way_and_compare_adds_peaks():
+  loss_fn, loss_args = models.build_loss("tiny")
+  expected = {name: rt.peak(loss_fn, *loss_args, policy=name).bytes
+              for name in ("boundary-only", "save-ffn")}
+  for argv, name in ((["save-ffn"], "save-ffn"),
+                     (["--policy", "save-ffn"], "save-ffn"),
+                     ([], "boundary-only")):  # the ambient default
+    status, out, err = run_cli("peak", *argv, "--model", "tiny", "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    assert (data["policy"], data["bytes"]) == (name, expected[name])
+  status, out, err = run_cli("compare", "boundary-only", "save-ffn", "--model",
+                             "tiny", "--peak", "--json")
+  assert status == 0, err
+  assert {r["policy"]: r["peak_bytes"] for r in json.loads(out)["rows"]} == (
+      expected)
+
+
 # ------------------------------------------------------------ --json
 
 # bench's --json (it runs steps: seconds) is tested in test_bench.py.
@@ -211,6 +230,7 @@ _JSON_COMMANDS = {
     "compare": ["compare", "boundary-only", "save-ffn", "--model", "tiny"],
     "analyze": ["analyze", "--policy", "save-ffn", "--model", "tiny"],
     "breakdown": ["breakdown", "--model", "tiny", "--optimizer", "adamw"],
+    "peak": ["peak", "save-ffn", "--model", "tiny"],
     "verify": ["verify", "--policy", "save-ffn", "--no-values"],
     "plan": ["plan", "--model", "tiny", "--budget", "400KiB",
              "--max-evaluations", "4"],

@@ -27,9 +27,13 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
 from remat_toolkit._src.analysis.diagnose import KERNEL_KINDS
 from remat_toolkit._src.analysis.diagnose import region_warnings
 from remat_toolkit._src.analysis.diagnose import selection_warnings
+from remat_toolkit._src.analysis.peak import StepBuilder
+from remat_toolkit._src.analysis.peak import program_peak
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies.findings import warn_once
@@ -37,6 +41,7 @@ from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import PolicyLike
 from remat_toolkit._src.results.analysis import Comparison
 from remat_toolkit._src.results.analysis import ResidualReport
+from remat_toolkit._src.results.peak import Peak
 
 __all__ = ["analyze", "compare"]
 
@@ -85,7 +90,7 @@ def analyze(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
 
 def compare(fn: Callable[..., Any], *args: Any,
             policies: Sequence[PolicyLike] | None = None,
-            compile: bool = False) -> Comparison:
+            compile: bool = False, peak: bool = False) -> Comparison:
   """Analyses ``fn`` under several policies, tracing the model once.
 
   Args:
@@ -93,18 +98,27 @@ def compare(fn: Callable[..., Any], *args: Any,
     *args: arrays or ``jax.ShapeDtypeStruct`` pytrees.
     policies: a list of what :func:`analyze` takes as ``policy`` (names,
       Policies, raw JAX policies); default: every policy in the catalogue.
-    compile: add XLA's memory analysis per policy (slow: one compile each).
+    compile: add XLA's memory analysis per policy (slow: one compile each;
+      with ``peak``, one more for XLA's figure of the step's peak).
+    peak: also predict the peak device bytes of one ``jax.grad`` step per
+      policy, as :func:`remat_toolkit.peak` does, on the same traced program
+      (in the Comparison's ``peaks``, its rows' ``peak_bytes`` and its
+      table's "peak" column); with ``compile`` too, XLA's own figure beside
+      it (``xla_peak_bytes``, "XLA peak").
 
   Returns:
     A :class:`Comparison`; its ``warnings`` (each raised once as a
-    ``UserWarning``) name the policies whose figures are not their own.
+    ``UserWarning``) name the policies whose figures are not their own, and
+    with ``peak`` the peaks' findings (XLA's own remat, a prediction off
+    XLA's figure...).
     Policies this JAX cannot run now (offloading under ``jax_remat3``) are
     in its ``skipped``, each with the reason, also raised once.
 
   Raises:
-    ValueError: an unknown policy name, non-scalar loss, no float argument.
+    ValueError: an unknown policy name, non-scalar loss, no float argument
+      (with ``peak``: no floating-point leaf in the first argument).
     TypeError: ``policies`` is one policy rather than a list, or holds
-      something that is not a policy.
+      something that is not a policy; ``peak`` without arguments.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -120,21 +134,43 @@ def compare(fn: Callable[..., Any], *args: Any,
     {'boundary-only': 0, 'save-ffn': 128}
     >>> [row["policy"] for row in c.rows() if row["pareto"]]
     ['boundary-only', 'save-ffn']
+    >>> c = rt.compare(loss, w, x, policies=["boundary-only"], peak=True)
+    >>> c.peaks["boundary-only"].bytes == rt.peak(
+    ...     loss, w, x, policy="boundary-only").bytes
+    True
   """
+  if peak and not args:
+    raise TypeError("compare(fn, *args, peak=True) needs fn's arguments: the "
+                    "parameters first, e.g. rt.compare(loss, params, batch, "
+                    "peak=True).")
   chosen = resolve.resolve_policies(policies)
   runnable, skipped = resolve.split_runnable(chosen)
   program = TracedProgram(fn, args)
   reports = {p.name: program.report(p, compile=compile) for p in runnable}
+  peaks = (_peaks(program, len(jax.tree_util.tree_leaves(args[0])), runnable,
+                  reports, compile=compile) if peak else None)
   found = region_warnings(program) + [
       w for p in runnable for w in selection_warnings(program, p)] + [
       w for r in reports.values() for w in r.warnings
-      if getattr(w, "kind", None) in KERNEL_KINDS]
+      if getattr(w, "kind", None) in KERNEL_KINDS] + [
+      w for p in (peaks or {}).values() for w in p.warnings]
   comparison = Comparison(
       reports=reports, skipped=skipped, regions=program.regions,
       warnings=tuple(dict.fromkeys(found)),
-      baseline=_baseline(program, runnable, reports))
+      baseline=_baseline(program, runnable, reports), peaks=peaks)
   warn_once([*skipped.values(), *comparison.warnings])
   return comparison
+
+
+def _peaks(program: TracedProgram, num_params: int,
+           compared: Sequence[Policy], reports: dict[str, ResidualReport], *,
+           compile: bool) -> dict[str, Peak]:
+  """Each policy's :class:`Peak` on the traced program: one step builder
+  for all, and the kept bytes its report has already counted."""
+  builder = StepBuilder(program, num_params)
+  return {p.name: program_peak(builder, p, compile=compile,
+                               kept_bytes=reports[p.name].activation_bytes)
+          for p in compared}
 
 
 def _baseline(program: TracedProgram, compared: Sequence[Policy],

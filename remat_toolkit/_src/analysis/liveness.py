@@ -128,6 +128,7 @@ class _Op:
   outs: list[int]
   eqn: JaxprEqn | None
   inner: int = 0  # the largest transient set of a loop body or branch
+  inner_live: tuple[LiveValue, ...] = ()  # that set
   path: str = ""  # module path, the enclosing calls' included
   backward: bool = False
 
@@ -207,7 +208,8 @@ class _Program:
       else:  # a literal or constant output: a small buffer of its own
         op = len(self.ops)
         env[o] = self.new_value(o.aval, op)
-        self.ops.append(_Op("literal", [], [env[o]], eqn, 0, path, backward))
+        self.ops.append(_Op("literal", [], [env[o]], eqn, path=path,
+                            backward=backward))
 
   def _add_eqn(self, eqn: JaxprEqn, ins: list[int | None],
                env: dict[Any, int], path: str, backward: bool) -> None:
@@ -225,31 +227,42 @@ class _Program:
     outs = [self.new_value(o.aval, op) for o in eqn.outvars]
     for o, v in zip(eqn.outvars, outs, strict=True):
       env[o] = v
-    inner = max((_body_peak(s, self.upcast) for s in subs), default=0)
-    self.ops.append(_Op(prim, ins, outs, eqn, inner, path, backward))
+    inner: tuple[LiveValue, ...] = ()
+    for sub in subs:
+      found = _body_peak(sub, self.upcast, path, backward)
+      if sum(v.nbytes for v in found) > sum(v.nbytes for v in inner):
+        inner = found
+    self.ops.append(_Op(prim, ins, outs, eqn, inner=sum(v.nbytes for v in inner),
+                        inner_live=inner, path=path, backward=backward))
     if key is not None:
       self._cse[key] = outs
       self._from_arguments.update(outs)
 
 
 def _join(prefix: str, path: str) -> str:
-  if not prefix or path.startswith(prefix):
+  """The module path of an equation inside a call made at ``prefix``: a body
+  traced apart from its call site (a jitted function) holds paths relative
+  to it, a region's body (remat, JAX's own call of a transposed region)
+  holds whole paths."""
+  if not prefix or not path:
     return path or prefix
-  return f"{prefix}/{path}" if path else prefix
+  if prefix.split("/")[-1] in path.split("/"):
+    return path
+  return f"{prefix}/{path}"
 
 
 def _params_key(eqn: JaxprEqn) -> str:
   return repr(sorted((k, repr(v)) for k, v in eqn.params.items()))
 
 
-def _body_peak(body: Jaxpr, upcast: bool) -> int:
+def _body_peak(body: Jaxpr, upcast: bool, path: str, backward: bool
+               ) -> tuple[LiveValue, ...]:
   """The largest set of transients one run of ``body`` holds at once."""
   program = _Program(upcast)
   env = {v: program.new_value(v.aval, None)
          for v in [*body.constvars, *body.invars]}
-  program.add(body, env)
-  sim = _Simulation(program, outputs=set())
-  return sim.peak_transients
+  program.add(body, env, path, backward)
+  return tuple(_transients(_Simulation(program, outputs=set())))
 
 
 class _Simulation:
@@ -428,6 +441,8 @@ def _transients(sim: _Simulation) -> list[LiveValue]:
         _shape(value.aval), dtype, size, phase,
         op.path if op is not None else "", value.name,
         op.primitive if op is not None else "argument"))
+  if sim.peak_at >= 0:
+    out.extend(ops[sim.peak_at].inner_live)
   return out
 
 

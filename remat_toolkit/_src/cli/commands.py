@@ -1,8 +1,9 @@
 """The ``remat-toolkit`` commands that measure a model.
 
 ``compare`` and ``bench`` run several policies (``POLICY ...`` or ``--policy``
-repeated); ``analyze``, ``breakdown`` and ``verify`` run one (``--policy``);
-``plan`` finds one. Each ``_cmd_*`` computes its result and ends with
+repeated); ``analyze``, ``breakdown`` and ``verify`` run one (``--policy``),
+``peak`` one too (``POLICY`` or ``--policy``); ``plan`` finds one. Each
+``_cmd_*`` computes its result and ends with
 :func:`~remat_toolkit._src.cli.shared.emit`.
 
 Example:
@@ -12,7 +13,7 @@ Example:
   >>> for add_parser in cli_commands.PARSER_BUILDERS:
   ...   add_parser(subparsers)
   >>> sorted(subparsers.choices)
-  ['analyze', 'bench', 'breakdown', 'compare', 'plan', 'verify']
+  ['analyze', 'bench', 'breakdown', 'compare', 'peak', 'plan', 'verify']
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from remat_toolkit import models
 from remat_toolkit._src.analysis import analyze
 from remat_toolkit._src.analysis.breakdown import OPTIMIZERS
 from remat_toolkit._src.analysis.breakdown import memory_breakdown
+from remat_toolkit._src.analysis.peak import peak
 from remat_toolkit._src.analysis.verify import verify
 from remat_toolkit._src.bench.batch_search import largest_batch
 from remat_toolkit._src.bench.measure import DEFAULT_MODEL
@@ -37,6 +39,7 @@ from remat_toolkit._src.cli.models import add_model_options
 from remat_toolkit._src.cli.models import bench_model
 from remat_toolkit._src.cli.models import load_model
 from remat_toolkit._src.cli.models import model_line
+from remat_toolkit._src.cli.shared import POLICY_HELP
 from remat_toolkit._src.cli.shared import add_policy_argument
 from remat_toolkit._src.cli.shared import add_policy_list_arguments
 from remat_toolkit._src.cli.shared import chosen_policy
@@ -45,6 +48,7 @@ from remat_toolkit._src.cli.shared import emit
 from remat_toolkit._src.cli.shared import policy_list
 from remat_toolkit._src.planning import planner
 from remat_toolkit._src.policies import catalog
+from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.transform.grouping import group_size
 
 __all__ = ["PARSER_BUILDERS"]
@@ -62,7 +66,11 @@ def _add_compare_parser(subparsers: Any) -> None:
   add_model_options(parser)
   parser.add_argument("--compile", action="store_true",
                       help="also compile jit(grad) per policy and add XLA's "
-                           "memory analysis (slow)")
+                           "memory analysis (slow); with --peak, XLA's "
+                           "figure of the step's peak too")
+  parser.add_argument("--peak", action="store_true",
+                      help="add the predicted peak of one jax.grad step per "
+                           "policy (see `remat-toolkit peak`)")
   parser.add_argument("--json", action="store_true", help="print JSON")
   parser.set_defaults(run=_cmd_compare)
 
@@ -71,7 +79,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
   policies = policy_list(args)
   loss_fn, loss_args = load_model(args)
   comparison = analyze.compare(loss_fn, *loss_args, policies=policies,
-                                compile=args.compile)
+                                compile=args.compile, peak=args.peak)
   return emit(comparison, args, heading=model_line(args))
 
 
@@ -300,6 +308,43 @@ def _cmd_breakdown(args: argparse.Namespace) -> int:
   return emit(result, args, heading=model_line(args))
 
 
+# ---------------------------------------------------------------- peak
+
+def _add_peak_parser(subparsers: Any) -> None:
+  parser = command_parser(
+      subparsers, "peak",
+      summary="The peak device bytes of one training step under a policy, "
+              "predicted from the program without compiling (what decides "
+              "an out-of-memory error), and the tensors live at it.")
+  parser.add_argument(
+      "positional_policy", nargs="?", default=None, metavar="POLICY",
+      help=f"{POLICY_HELP} (default: the ambient default, boundary-only)")
+  add_policy_argument(parser)
+  add_model_options(parser)
+  parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None,
+                      help="measure the optax train step with this "
+                           "optimizer, parameters and state donated "
+                           "(default: jax.grad of the parameters)")
+  parser.add_argument("--compile", action="store_true",
+                      help="also compile the step for XLA's figure and the "
+                           "buffers live at XLA's peak")
+  parser.add_argument("--json", action="store_true", help="print JSON")
+  parser.set_defaults(run=_cmd_peak)
+
+
+def _cmd_peak(args: argparse.Namespace) -> int:
+  given = [p for p in (args.positional_policy, args.policy) if p is not None]
+  if len(given) == 2 and given[0] != given[1]:
+    raise ValueError(
+        f"peak: two policies given, {given[0]!r} and --policy {given[1]!r}; "
+        "give one (peak POLICY, or compare POLICY... --peak for several).")
+  policy = resolve.resolve_policy(given[0]) if given else None
+  loss_fn, loss_args = load_model(args)
+  result = peak(loss_fn, *loss_args, policy=policy, optimizer=args.optimizer,
+                compile=args.compile)
+  return emit(result, args, heading=model_line(args))
+
+
 # ---------------------------------------------------------------- verify
 
 def _add_verify_parser(subparsers: Any) -> None:
@@ -343,5 +388,6 @@ PARSER_BUILDERS: list[Callable[[Any], None]] = [
     _add_bench_parser,
     _add_plan_parser,
     _add_breakdown_parser,
+    _add_peak_parser,
     _add_verify_parser,
 ]

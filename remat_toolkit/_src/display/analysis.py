@@ -157,6 +157,13 @@ def _comparison_table(comparison: Comparison
     headers.insert(headers.index("residuals"), "kernels re-run")
   if has_xla:
     headers.insert(len(headers) - 1, "XLA temp")
+  # Each line is built in these headers' order, its peak cells added last.
+  rerun_at = headers.index("kernels re-run") if reruns else 0
+  recompute_at = headers.index("recompute")
+  # The step's peak beside the kept bytes: after offloaded, before recompute.
+  peak_headers = (["peak", "XLA peak"] if comparison.compiled_peaks
+                  else ["peak"]) if comparison.peaks is not None else []
+  headers[recompute_at:recompute_at] = peak_headers
   body, pareto = [], []
   for row in comparison.rows():
     mark = " !" if row["keeps_none_of_its_names"] else ""
@@ -170,10 +177,14 @@ def _comparison_table(comparison: Comparison
     if sharded:
       line.insert(2, fmt.format_bytes(row["activation_bytes_per_device"]))
     if reruns:
-      line.insert(headers.index("kernels re-run"),
-                  _rerun_cell(comparison.reports[row["policy"]]))
+      line.insert(rerun_at, _rerun_cell(comparison.reports[row["policy"]]))
     if has_xla:
       line.insert(len(line) - 1, fmt.format_bytes(row["xla_temp_bytes"] or 0))
+    cells = [fmt.format_bytes(row["peak_bytes"])] if peak_headers else []
+    if "XLA peak" in peak_headers:
+      cells.append("-" if row["xla_peak_bytes"] is None
+                   else fmt.format_bytes(row["xla_peak_bytes"]))
+    line[recompute_at:recompute_at] = cells
     body.append(line)
     pareto.append(row["pareto"])
   return headers, body, pareto
@@ -188,6 +199,16 @@ def _rerun_cell(report: ResidualReport) -> str:
 _SILENT_NOTE = "! = keeps none of its names in this model (see warnings)"
 _RERUN_NOTE = ("kernels re-run = kernels whose forward runs again in the "
                "backward pass, times per step (see warnings)")
+
+
+def _peak_note(comparison: Comparison) -> str:
+  """What the peak columns hold (a comparison made with ``peak=True``)."""
+  note = ("peak = predicted peak device bytes of one jax.grad step (rt.peak: "
+          "parameters, inputs, gradients and what is live at the worst moment)")
+  if comparison.compiled_peaks:
+    note += ("; XLA peak = XLA's figure of the compiled step (argument + "
+             "output + temp - alias)")
+  return note
 
 
 @to_text.register
@@ -214,6 +235,8 @@ def _(comparison: Comparison) -> str:
     lines.append(_SILENT_NOTE)
   if "kernels re-run" in headers:
     lines.append(_RERUN_NOTE)
+  if comparison.peaks is not None:
+    lines.append(_peak_note(comparison))
   lines.extend(f"warning: {w}" for w in comparison.warnings)
   return "\n".join(lines)
 
@@ -227,6 +250,8 @@ def _(comparison: Comparison) -> str:
     notes += f"<p>{_SILENT_NOTE}</p>"
   if "kernels re-run" in headers:
     notes += f"<p>{_RERUN_NOTE}</p>"
+  if comparison.peaks is not None:
+    notes += f"<p>{html.escape(_peak_note(comparison))}</p>"
   return (fmt.html_table(headers, body,
                          caption="Policies compared (bold: Pareto-optimal)",
                          highlight=pareto)

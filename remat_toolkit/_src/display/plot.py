@@ -1,4 +1,9 @@
-"""The one chart: memory kept (x) against recompute (y), Pareto front joined."""
+"""The one chart: memory kept (x) against recompute (y), Pareto front joined.
+
+The memory axis holds the activations each policy keeps, or, for a
+comparison made with ``peak=True``, the predicted peak of its step
+(``memory="peak"``).
+"""
 
 from __future__ import annotations
 
@@ -17,12 +22,21 @@ from remat_toolkit._src.results.planning import Frontier
 # (html, dataclasses and Comparison are imported in the sections above.)
 
 
+#: What the memory axis can hold, and its label.
+MEMORY_AXES = {"kept": "activation memory kept",
+               "peak": "predicted peak of one step"}
+
+
 @dataclasses.dataclass(frozen=True)
 class PlotPoint:
-  """One policy on the memory-vs-recompute chart."""
+  """One policy on the memory-vs-recompute chart.
+
+  ``memory_bytes`` is what the memory axis holds: the activations kept, or
+  the step's predicted peak.
+  """
 
   label: str
-  activation_bytes: int
+  memory_bytes: int
   recompute_percent: float
   on_front: bool
   planned: bool = False
@@ -30,20 +44,37 @@ class PlotPoint:
 
 
 @functools.singledispatch
-def plot_points(result: Any) -> list[PlotPoint]:
-  """The points :func:`plot` draws for ``result`` (Frontier: see the
-  Plan, Frontier section)."""
+def plot_points(result: Any, memory: str = "kept") -> list[PlotPoint]:
+  """The points :func:`plot` draws for ``result``, with ``memory`` (a key of
+  :data:`MEMORY_AXES`) on the memory axis."""
   raise TypeError(f"no memory-vs-recompute chart for {type(result).__name__}")
 
 
 @plot_points.register
-def _(comparison: Comparison) -> list[PlotPoint]:
-  return [PlotPoint(r["policy"], r["activation_bytes"], r["recompute_percent"],
-                    r["pareto"]) for r in comparison.rows()]
+def _(comparison: Comparison, memory: str = "kept") -> list[PlotPoint]:
+  rows = comparison.rows()
+  if memory == "kept":
+    return [PlotPoint(r["policy"], r["activation_bytes"],
+                      r["recompute_percent"], r["pareto"]) for r in rows]
+  if comparison.peaks is None:
+    raise ValueError(
+        "plot(memory='peak') needs the peaks of the policies; compare them "
+        "with rt.compare(..., peak=True).")
+  # On the peak's axis the front is the peak's: a policy that keeps more
+  # can peak lower.
+  front = pareto_flags([(r["peak_bytes"], r["recompute_flops"],
+                         r["offloaded_bytes"]) for r in rows])
+  return [PlotPoint(r["policy"], r["peak_bytes"], r["recompute_percent"], f)
+          for r, f in zip(rows, front, strict=True)]
 
 
 @plot_points.register
-def _(frontier: Frontier) -> list[PlotPoint]:
+def _(frontier: Frontier, memory: str = "kept") -> list[PlotPoint]:
+  if memory != "kept":
+    raise ValueError(
+        f"plot(memory={memory!r}) is for a comparison made with "
+        "rt.compare(..., peak=True); a frontier's memory axis is the "
+        "activations kept (memory='kept').")
   return [PlotPoint(p.label, p.activation_bytes, p.recompute_percent,
                     p.on_frontier, planned=p.source != "named",
                     per_region=p.source == "per-region plan")
@@ -52,8 +83,9 @@ def _(frontier: Frontier) -> list[PlotPoint]:
 
 @base.plot.register(Comparison)
 @base.plot.register(Frontier)
-def plot(result: Any, ax: Any = None, *, max_bytes: int | None = None) -> Any:
-  """Memory kept (x) vs recompute (y, % of a no-remat step).
+def plot(result: Any, ax: Any = None, *, max_bytes: int | None = None,
+         memory: str = "kept") -> Any:
+  """Memory kept, or the step's peak, (x) vs recompute (y, % of a no-remat step).
 
   Pareto-optimal points are red and joined by a step line (from each, the
   least recompute affordable until the next); plans, when present, are
@@ -69,34 +101,45 @@ def plot(result: Any, ax: Any = None, *, max_bytes: int | None = None) -> Any:
     ax: the axes to draw on (default: a new figure's).
     max_bytes: where the memory axis ends (points beyond are out of view
       and unlabelled); default: past the largest point.
+    memory: what the memory axis holds: ``"kept"``, the activations each
+      policy keeps, or ``"peak"``, the predicted peak of its step (a
+      :class:`Comparison` made with ``peak=True``; the front is then the
+      peak's).
 
   Returns:
     The matplotlib axes drawn on (a new figure's when ``ax`` is None).
+
+  Raises:
+    ValueError: ``memory`` is neither ``"kept"`` nor ``"peak"``, or
+      ``"peak"`` for a result without peaks.
   """
+  if memory not in MEMORY_AXES:
+    raise ValueError(f"plot(memory={memory!r}): the memory axis is one of "
+                     f"{', '.join(map(repr, MEMORY_AXES))}.")
+  points = plot_points(result, memory)
   require("matplotlib", "plot")
   import matplotlib.pyplot as plt
   from matplotlib.ticker import FuncFormatter
   if ax is None:
     _, ax = plt.subplots(figsize=(8, 5))
-  points = plot_points(result)
   largest = (max_bytes if max_bytes is not None
-             else max((p.activation_bytes for p in points), default=0))
+             else max((p.memory_bytes for p in points), default=0))
   unit, scale = ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
   for kind, marker, label in (((False, False), "o", "named policy"),
                               ((True, False), "^", "plan"),
                               ((True, True), "D", "per-region plan")):
     group = [p for p in points if (p.planned, p.per_region) == kind]
     if group:
-      ax.scatter([p.activation_bytes / scale for p in group],
+      ax.scatter([p.memory_bytes / scale for p in group],
                  [p.recompute_percent for p in group], marker=marker,
                  c=["tab:red" if p.on_front else "tab:gray" for p in group],
                  label=label, zorder=2)
-  front = sorted((p.activation_bytes / scale, p.recompute_percent)
+  front = sorted((p.memory_bytes / scale, p.recompute_percent)
                  for p in points if p.on_front)
   if front:
     ax.step(*zip(*front, strict=True), where="post", color="tab:red", lw=1)
   if any(p.per_region for p in points):
-    named = [(p.activation_bytes, p.recompute_percent) for p in points
+    named = [(p.memory_bytes, p.recompute_percent) for p in points
              if not p.planned]
     flags = pareto_flags(named)
     uniform = sorted((b / scale, r) for (b, r), f in zip(named, flags,
@@ -105,17 +148,17 @@ def plot(result: Any, ax: Any = None, *, max_bytes: int | None = None) -> Any:
       ax.step(*zip(*uniform, strict=True), where="post", color="tab:gray",
               lw=1, ls="--", label="named policies' front")
   shown = [p for p in points
-           if max_bytes is None or p.activation_bytes <= max_bytes]
-  smallest = min((p.activation_bytes for p in shown if p.activation_bytes),
+           if max_bytes is None or p.memory_bytes <= max_bytes]
+  smallest = min((p.memory_bytes for p in shown if p.memory_bytes),
                  default=0)
-  top = max((p.activation_bytes for p in shown), default=0)
+  top = max((p.memory_bytes for p in shown), default=0)
   if smallest and top / smallest > 30:
     ax.set_xscale("log")
   if max_bytes is not None:
     ax.set_xlim(right=max_bytes / scale)
   ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
   ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-  ax.set_xlabel(f"activation memory kept ({unit})")
+  ax.set_xlabel(f"{MEMORY_AXES[memory]} ({unit})")
   ax.set_ylabel("recompute FLOPs (% of a no-remat step)")
   ax.set_title("remat: memory vs recompute")
   if any(p.planned for p in points):
@@ -124,7 +167,7 @@ def plot(result: Any, ax: Any = None, *, max_bytes: int | None = None) -> Any:
   labels: dict[tuple[int, float], list[str]] = {}
   for p in shown:
     if not p.planned:
-      labels.setdefault((p.activation_bytes, p.recompute_percent),
+      labels.setdefault((p.memory_bytes, p.recompute_percent),
                         []).append(p.label)
   # A point several policies share is named after ours, not the field's.
   for names in labels.values():
@@ -132,7 +175,7 @@ def plot(result: Any, ax: Any = None, *, max_bytes: int | None = None) -> Any:
   _place_labels(ax, [(nbytes / scale, percent,
                       names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else ""))
                      for (nbytes, percent), names in labels.items()],
-                [(p.activation_bytes / scale, p.recompute_percent) for p in shown])
+                [(p.memory_bytes / scale, p.recompute_percent) for p in shown])
   return ax
 
 

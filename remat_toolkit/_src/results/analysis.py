@@ -28,6 +28,7 @@ from remat_toolkit._src.core.pareto import pareto_flags
 from remat_toolkit._src.policies.findings import SELECTS_NOTHING
 from remat_toolkit._src.results import base as render
 from remat_toolkit._src.results.base import Result
+from remat_toolkit._src.results.peak import Peak
 
 __all__ = ["Residual", "RecomputedKernel", "ResidualReport", "Comparison",
            "Breakdown", "CATEGORIES", "Verification"]
@@ -378,6 +379,9 @@ class Comparison(Result):
       :data:`remat_toolkit._src.policies.resolve.SAVE_EVERYTHING`, whatever the
       catalogue holds under that name) when ``save-everything`` is among the
       compared policies; the "% of save-everything" column is relative to it.
+    peaks: policy name -> the :class:`~remat_toolkit.results.Peak` of one
+      ``jax.grad`` step under it, when compared with ``peak=True`` (with
+      XLA's figure too when also ``compile=True``); else None.
   """
 
   reports: Mapping[str, ResidualReport]
@@ -385,6 +389,7 @@ class Comparison(Result):
   regions: int
   warnings: tuple[str, ...] = ()
   baseline: ResidualReport | None = None
+  peaks: Mapping[str, Peak] | None = None
 
   def __repr__(self) -> str:
     return (f"Comparison(policies={list(self.reports)}, "
@@ -455,21 +460,41 @@ class Comparison(Result):
           "recomputed_kernels": [k.where for k in r.recomputed_kernels],
           "kernel_recompute_flops": r.kernel_recompute_flops,
       })
+      if self.peaks is not None:
+        rows[-1]["peak_bytes"] = self.peaks[name].bytes
+        if self.compiled_peaks:
+          rows[-1]["xla_peak_bytes"] = self.peaks[name].xla_bytes
     return rows
 
+  @property
+  def compiled_peaks(self) -> bool:
+    """Whether the peaks carry XLA's figure (``peak=True, compile=True``)."""
+    return any(p.xla_bytes is not None for p in (self.peaks or {}).values())
+
   def to_dict(self) -> dict[str, Any]:
-    return {"rows": self.rows(), "skipped": dict(self.skipped),
-            "regions": self.regions, "warnings": list(self.warnings)}
+    """Plain data: the rows, skipped policies, regions and warnings; with
+    peaks, each policy's predicted and XLA's peak bytes and when it falls."""
+    out = {"rows": self.rows(), "skipped": dict(self.skipped),
+           "regions": self.regions, "warnings": list(self.warnings)}
+    if self.peaks is not None:
+      out["peaks"] = {name: {"bytes": p.bytes, "xla_bytes": p.xla_bytes,
+                             "when": p.when}
+                      for name, p in self.peaks.items()}
+    return out
 
 
-  def plot(self, ax=None, *, max_bytes: int | None = None):
+  def plot(self, ax=None, *, max_bytes: int | None = None,
+           memory: str = "kept"):
     """Memory (x) vs recompute (y), Pareto front joined (needs matplotlib);
     returns the axes.
 
     ``max_bytes`` ends the memory axis there (points beyond are left
     out of view and unlabelled), to look closely at the low end.
+    ``memory="peak"`` puts each policy's predicted peak of one step on the
+    memory axis instead of the activations it keeps (needs a comparison
+    made with ``peak=True``).
     """
-    return render.plot(self, ax=ax, max_bytes=max_bytes)
+    return render.plot(self, ax=ax, max_bytes=max_bytes, memory=memory)
 
 
 #: The categories of a breakdown, in display order.
