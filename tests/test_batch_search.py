@@ -1,6 +1,7 @@
 """White-box: the largest-batch search and the step memory it bisects.
 
-``search_largest`` is a pure search over a measuring function (no JAX);
+``search_largest`` is a pure search over a measuring function (no JAX),
+from 1 or from a guessed start (the predicted peak's largest fitting size);
 ``step_memory`` compiles one training step and reads XLA's memory analysis,
 the figure ``rt.largest_batch`` compares with the budget. Both are checked
 here directly, through the module's ``__all__``: the public
@@ -51,6 +52,38 @@ def test_search_needs_few_compiles_when_memory_is_affine():
   assert len(tries) <= 5
 
 
+@pytest.mark.parametrize("fixed,per_example,step,quadratic",
+                         [(1000, 37, 1, 0), (5000, 64, 8, 0), (10, 3, 1, 2)])
+@pytest.mark.parametrize("budget", [999, 123_456])
+@pytest.mark.parametrize("cap", [5, 4096])
+@pytest.mark.parametrize("offset", [None, 0, 1, -1, 7, -7, 10**6, -10**6])
+def test_search_from_a_start_finds_the_exact_limit(fixed, per_example, step,
+                                                   quadratic, budget, cap,
+                                                   offset):
+  # The start is a guess (a predicted peak's): right, off by a little or
+  # by a lot, the compiled figures alone decide.
+  def measure(n):
+    return fixed + per_example * (-(-n // step) * step) + quadratic * n * n
+
+  exact = _brute_force(measure, budget, cap)
+  start = 1 if offset is None else exact + offset
+  good, bad, tries = search_largest(measure, budget, cap, start=start)
+  assert good == exact
+  assert bad == (None if good == cap else good + 1)
+  assert len({n for n, _ in tries}) == len(tries)
+  assert tries[0][0] == min(max(start, 1), cap)
+
+
+def test_a_right_start_takes_two_compiles_and_a_near_one_few():
+  measure = lambda n: 1000 + 37 * n  # noqa: E731
+  budget = 1000 + 37 * 300 + 5
+  assert [n for n, _ in search_largest(measure, budget, 4096, start=300)[2]] == [
+      300, 301]
+  for start in (270, 330):  # a prediction 10% off
+    good, _, tries = search_largest(measure, budget, 4096, start=start)
+    assert good == 300 and len(tries) <= 4
+
+
 # ---------------------------------------------------------------- step memory
 
 def test_step_memory_follows_the_policy(remat_mode):
@@ -72,6 +105,8 @@ def test_largest_batch_fits_and_its_double_does_not():
     assert 1 <= fit.batch < 256 and not fit.hit_cap
     assert fit.over_batch == fit.batch + 1
     assert fit.bytes <= budget < fit.over_bytes
+    # The first compile is where the predicted peak meets the budget, not 1.
+    assert fit.tries[0][0] > 1
     double = step_memory(scanned_loss, *args, policy=policy, batch=2 * fit.batch)
     assert double["peak_bytes"] > budget
   # Recomputing instead of saving admits more examples under scan.

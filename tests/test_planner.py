@@ -391,7 +391,7 @@ def test_what_the_budget_bounds_is_explicit():
     rt.plan(fn, *args, budget="8MiB", groups={2: chain(2)},
             bounds="kept activations")
   with pytest.raises(ValueError, match="bounds must be one of"):
-    rt.plan(fn, *args, budget="8MiB", bounds="peak")
+    rt.plan(fn, *args, budget="8MiB", bounds="peak bytes")
   # The peak can be bounded without groups too.
   peak = rt.plan(fn, *args, budget=kept.estimated_peak, bounds="estimated peak")
   assert peak.bounds == "estimated peak"

@@ -7,14 +7,15 @@ does to buffers is modelled from the program alone, nothing is compiled:
 
 - **Fusion.** An elementwise value (add, convert, broadcast, reshape, ...)
   whose every consumer is elementwise or a reduction is fused into them and
-  never stored; a transpose that only feeds matmuls becomes the matmul's
-  operand layout.
+  never stored, except a cast read again by the other pass (the backward
+  pass reading a forward cast), which is stored. A transpose that only
+  feeds matmuls becomes the matmul's operand layout.
 - **Common subexpressions.** Elementwise functions of the step's arguments
   alone (a parameter cast to bfloat16) are computed once: XLA merges the
   forward pass's cast with the one the backward pass recomputes, so it lives
   from its first use to its last.
-- **Names.** ``checkpoint_name`` is an identity: the named value is the
-  value.
+- **Names and barriers.** ``checkpoint_name`` and ``optimization_barrier``
+  are identities: the named value is the value.
 - **Loops and branches** (``scan``, ``while``, ``cond``): their outputs are
   allocated when they start, and the largest transient set of one iteration
   (or branch) is added while they run.
@@ -73,6 +74,14 @@ reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor
 argmax argmin cumsum cumlogsumexp cummax cummin
 """.split())
 _MATMULS = frozenset({"dot_general", "conv_general_dilated"})
+# Casts and layout changes.
+_CHEAP = frozenset("""
+convert_element_type broadcast_in_dim reshape squeeze expand_dims iota
+reduce_precision copy copy_p neg stop_gradient transpose
+""".split())
+# Identities for buffers: the value out is the value in. XLA merges the casts
+# of parameters across remat's optimization barriers all the same.
+_IDENTITIES = frozenset({"optimization_barrier"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +193,8 @@ class _Program:
     for eqn in jaxpr.eqns:
       ins = [env.get(a) if _jaxpr.is_jaxpr_var(a) else None for a in eqn.invars]
       name = compat.checkpoint_name_of(eqn)
-      if name is not None and len(eqn.invars) == len(eqn.outvars):
+      if ((name is not None or eqn.primitive.name in _IDENTITIES)
+          and len(eqn.invars) == len(eqn.outvars)):
         for o, i in zip(eqn.outvars, ins, strict=True):
           if i is not None:
             env[o] = i
@@ -227,16 +237,72 @@ class _Program:
     outs = [self.new_value(o.aval, op) for o in eqn.outvars]
     for o, v in zip(eqn.outvars, outs, strict=True):
       env[o] = v
+    if prim == "reduce_precision" and ins[0] is not None:
+      # JAX's barrier after a checkpoint name: the same tensor, named.
+      self.values[outs[0]].name = self.values[ins[0]].name
     inner: tuple[LiveValue, ...] = ()
     for sub in subs:
       found = _body_peak(sub, self.upcast, path, backward)
       if sum(v.nbytes for v in found) > sum(v.nbytes for v in inner):
         inner = found
+    if compat.is_scan(eqn):
+      inner += self._loop_copies(eqn, ins, path, backward)
     self.ops.append(_Op(prim, ins, outs, eqn, inner=sum(v.nbytes for v in inner),
                         inner_live=inner, path=path, backward=backward))
     if key is not None:
       self._cse[key] = outs
       self._from_arguments.update(outs)
+
+
+  def _loop_copies(self, eqn: JaxprEqn, ins: list[int | None], path: str,
+                   backward: bool) -> tuple[LiveValue, ...]:
+    """Buffers XLA adds around a loop: on XLA:CPU a 16-bit stacked input the
+    body multiplies is converted to float32 whole, before the loop."""
+    body = _jaxpr.sub_jaxprs(eqn)[0]
+    first_xs = compat.scan_num_consts(eqn) + compat.scan_num_carry(eqn)
+    out = []
+    if self.upcast:
+      multiplied = _matmul_operands(body)
+      for k in range(first_xs, len(eqn.invars)):
+        inner_var = body.invars[k]
+        aval = eqn.invars[k].aval
+        if inner_var in multiplied and _is_low_precision(aval):
+          out.append(LiveValue(_shape(aval), "float32", 2 * nbytes_of(aval),
+                               "backward transient" if backward else
+                               "forward transient", path, None,
+                               "convert_element_type"))
+    del ins
+    return tuple(out)
+
+
+def _matmul_operands(body: Jaxpr) -> set[Any]:
+  """The body's inputs a matmul reads, through reshapes, transposes and
+  calls (a remat region in the loop's body)."""
+  return {v for v in body.invars if _reaches_matmul(body, v, 0)}
+
+
+_RESHAPES = frozenset({"transpose", "reshape", "squeeze", "expand_dims",
+                       "copy", "copy_p"})
+
+
+def _reaches_matmul(jaxpr: Jaxpr, var: Any, depth: int) -> bool:
+  if depth > 6:
+    return False
+  for eqn in jaxpr.eqns:
+    if not any(v is var for v in eqn.invars):
+      continue
+    prim = eqn.primitive.name
+    if prim in _MATMULS:
+      return True
+    if prim in _RESHAPES and any(_reaches_matmul(jaxpr, o, depth + 1)
+                                 for o in eqn.outvars):
+      return True
+    body = compat.call_body(eqn)
+    if body is not None:
+      for inner, outer in zip(body.invars, eqn.invars, strict=True):
+        if outer is var and _reaches_matmul(body, inner, depth + 1):
+          return True
+  return False
 
 
 def _join(prefix: str, path: str) -> str:
@@ -318,6 +384,12 @@ class _Simulation:
     if producer is None or v in self.outputs or not consumers:
       return v in self.outputs or producer is None
     prim = ops[producer].primitive
+    # A cast the other pass reads again is stored (JAX's reduce_precision
+    # after a checkpoint name, a residual's bfloat16 copy); XLA computes
+    # an expensive value again from its stored operands instead.
+    if prim in _CHEAP and any(ops[c].backward != ops[producer].backward
+                              for c in consumers):
+      return True
     if prim == "transpose":
       return not all(ops[c].primitive in _ELEMENTWISE | _REDUCTIONS | _MATMULS
                      for c in consumers)
@@ -330,7 +402,7 @@ class _Simulation:
 
   def _run(self) -> tuple[int, int, dict[int, int]]:
     ops = self.program.ops
-    last = {v: max(cs) for v, cs in self.consumers.items()}
+    last = self.last = {v: max(cs) for v, cs in self.consumers.items()}
     live: dict[int, int] = {}
     current = peak = 0
     peak_at, peak_set = -1, {}
@@ -430,7 +502,7 @@ def _transients(sim: _Simulation) -> list[LiveValue]:
     op = ops[value.op] if value.op is not None else None
     if op is not None and op.backward:
       phase = "backward transient"
-    elif any(ops[c].backward for c in sim.consumers.get(v, [])):
+    elif v in sim.last and ops[sim.last[v]].backward:
       phase = "kept residual"
     else:
       phase = "forward transient"

@@ -217,17 +217,20 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
   program = builder.program
   step, args, donate = builder.function(policy)
   closed = jax.make_jaxpr(step)(*args)
+  # remat3 leaves dead recomputation in the traced step; XLA drops it.
+  jaxpr = compat.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
   arg_phases, labels, out_phases, donated = builder.phases()
   backend = jax.default_backend()
   predicted = liveness.predict_peak(
-      closed.jaxpr, arg_phases, out_phases=out_phases, arg_paths=labels,
+      jaxpr, arg_phases, out_phases=out_phases, arg_paths=labels,
       donated=donated, upcast_low_precision_matmuls=backend == "cpu")
   live = tuple(
       LiveTensor(v.shape, v.dtype, v.nbytes, v.phase,
                  v.module_path if v.primitive in ("argument", "output", "constant")
-                 else program.module_path(v.module_path), v.name, v.primitive)
+                 else _clean_path(v.module_path, program.root), v.name,
+                 v.primitive)
       for v in predicted.live)
-  where = program.module_path(predicted.module_path) or "the top level"
+  where = _clean_path(predicted.module_path, program.root) or "the top level"
   when = f"{'backward' if predicted.backward else 'forward'} of {where}"
   if kept_bytes is None:
     kept_bytes = program.report(policy).activation_bytes
@@ -252,6 +255,18 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
   return dataclasses.replace(result, warnings=tuple(found))
 
 
+def _clean_path(path: str, root: str) -> str:
+  """A module path as results show it: the model's root scope dropped, and
+  a scope a call repeated (``layers_1/layers_1/mlp``) said once."""
+  parts = [p for p in path.split("/") if p and p != root]
+  out: list[str] = []
+  for part in parts:
+    if part in out:
+      del out[out.index(part):]
+    out.append(part)
+  return "/".join(out)
+
+
 def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
               policy: Policy) -> tuple[int, tuple[XlaBuffer, ...], list[Finding]]:
   lowered = jax.jit(step, donate_argnums=donate).lower(*args)
@@ -263,10 +278,11 @@ def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
                        b.module_path, b.primitive) for b in scheduled.live]
   listed = sum(b.nbytes for b in buffers)
   if listed != total:
-    # What XLA's allocations hold beyond the buffers live at its peak
-    # (packing, aliasing of donated arguments), so the list sums to its figure.
-    buffers.append(XlaBuffer("(buffer packing)", "", total - listed, "packing",
-                             "", ""))
+    # XLA's figure less the buffers listed: what its allocations hold beyond
+    # them (packing), or less (a loop writing its outputs in place, donated
+    # arguments), so that the list sums to its figure.
+    buffers.append(XlaBuffer("(allocation vs buffers listed)", "",
+                             total - listed, "packing", "", ""))
   found = []
   if scheduled.rematerialized:
     found.append(Finding(

@@ -37,8 +37,14 @@ def plan_summary_lines(plan: Plan) -> list[str]:
       f"({plan.recompute_percent:.1f}% of a no-remat step)",
       f"  estimated peak {fb(plan.estimated_peak)} (kept activations + "
       f"{fb(plan.workspace_bytes)} while one region is recomputed)",
-      _proof(plan) + f" ({plan.evaluations} analyzer evaluations)",
   ]
+  if plan.peak_bytes is not None:
+    lines.append(
+        f"  predicted step peak {fb(plan.peak_bytes)} (parameters, inputs, "
+        "gradients and what is live at the step's worst moment)"
+        + ("" if plan.xla_peak_bytes is None else
+           f"; XLA's figure {fb(plan.xla_peak_bytes)}"))
+  lines.append(_proof(plan) + f" ({plan.evaluations} analyzer evaluations)")
   if plan.per_layer:
     lines.append(f"  {plan.policy.keeps_summary()}")
   elif plan.decisions:
@@ -53,6 +59,12 @@ def plan_summary_lines(plan: Plan) -> list[str]:
 
 
 def _proof(plan: Plan) -> str:
+  if plan.peak_bytes is not None:
+    return ("  least recompute found by bisecting the kept-bytes limit on the "
+            "step's peak" + (" and XLA's figure" if plan.xla_peak_bytes
+                             is not None else "")
+            + ", not proven optimal (the peak only roughly grows with the "
+            "kept bytes)")
   if plan.per_layer:
     return ("  optimal: the exact per-region solution, measured as predicted"
             if plan.optimal else
@@ -106,29 +118,37 @@ def _planned_policies(plan: Plan) -> list[tuple[str, str]]:
 def _plan_named_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
   rows = sorted(plan.named, key=lambda f: (not f.fits, f.cost,
                                            f.activation_bytes))
+  peaks = any(f.peak_bytes is not None for f in rows)
   body = [[f.name, fmt.format_bytes(f.activation_bytes),
+           *([fmt.format_bytes(f.peak_bytes) if f.peak_bytes is not None
+              else "-"] if peaks else []),
            fmt.format_bytes(f.offloaded_bytes) if f.offloaded_bytes else "-",
            f"{f.recompute_percent:.1f}%", "yes" if f.fits else "no"]
           for f in rows]
   kept = "per device" if plan.per_device else "activations"
-  return ["named policy", kept, "offloaded", "recompute", "fits"], body
+  return ["named policy", kept, *(["step peak"] if peaks else []),
+          "offloaded", "recompute", "fits"], body
 
 
 def _plan_group_rows(plan: Plan) -> tuple[list[str], list[list[str]]]:
   body = []
+  peaks = plan.peak_bytes is not None
   for g in plan.groups:
     label = "as given" if g.group is None else str(g.group)
     if not g.regions:  # skipped: the layout could not be built
-      body.append([label, *["-"] * 6, "no", g.note])
+      body.append([label, *["-"] * (7 if peaks else 6), "no", g.note])
       continue
     body.append([label, str(g.regions), fmt.format_bytes(g.boundary_bytes),
                  fmt.format_bytes(g.workspace_bytes),
                  fmt.format_bytes(g.activation_bytes),
                  fmt.format_bytes(g.estimated_peak),
+                 *([fmt.format_bytes(g.peak_bytes) if g.peak_bytes is not None
+                    else "-"] if peaks else []),
                  fmt.format_flops(g.recompute_flops), "yes" if g.fits else "no",
                  g.note])
   return ["group", "regions", "boundaries", "workspace", "kept", "est. peak",
-          "recompute", "fits", "note"], body
+          *(["step peak"] if peaks else []), "recompute", "fits",
+          "note"], body
 
 
 @to_text.register
@@ -148,8 +168,8 @@ def _(plan: Plan) -> str:
             fmt.text_table(headers, body, right=[
                 h not in ("group", "fits", "note") for h in headers])]
   headers, body = _plan_named_rows(plan)
-  out += ["", fmt.text_table(headers, body,
-                             right=[False, True, True, True, False])]
+  out += ["", fmt.text_table(headers, body, right=[
+      h not in ("named policy", "fits") for h in headers])]
   best = plan.best_builtin
   if best is not None:
     out.append(f"\nbest named policy that fits: {best.name} "
@@ -174,7 +194,7 @@ def _(plan: Plan) -> str:
   headers, body = _plan_named_rows(plan)
   named = fmt.html_table(headers, body,
                          caption="Named policies on the same model",
-                         highlight=[row[4] == "yes" for row in body])
+                         highlight=[row[-1] == "yes" for row in body])
   groups = ""
   if plan.groups:
     headers, gbody = _plan_group_rows(plan)

@@ -33,10 +33,12 @@ from remat_toolkit._src.planning.search import Outcome
 from remat_toolkit._src.planning.search import OutOfEvaluations
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.results.analysis import ResidualReport
+from remat_toolkit._src.results.planning import ESTIMATED_PEAK
+from remat_toolkit._src.results.planning import PEAK
 
 __all__ = ["MODES", "OFFLOAD_MODES", "OFFLOADING", "Evaluator", "choice_policy",
-           "choice_label", "describe", "describe_choice", "decisions",
-           "model_id"]
+           "choice_label", "describe", "describe_choice", "describe_bound",
+           "decisions", "model_id"]
 
 # Whole alternatives: policies JAX cannot combine with checkpoint names.
 MODES: dict[str, dict[str, Any]] = {
@@ -135,8 +137,21 @@ def describe_choice(choice: Choice) -> str:
       "; recompute the rest")
 
 
-def describe(choice: Choice, budget: int, o: Outcome, peak: bool,
-              per_device: bool = False) -> str:
+def describe_bound(bounds: str, per_device: bool = False,
+                   compiled: bool = False) -> str:
+  """What a plan's budget bounded, for its policy's description."""
+  if bounds == PEAK:
+    bound = "a predicted step peak" + (
+        " (and XLA's figure)" if compiled else "")
+  elif bounds == ESTIMATED_PEAK:
+    bound = "an estimated peak"
+  else:
+    bound = "kept activations"
+  return bound + (" per device" if per_device else "")
+
+
+def describe(choice: Choice, budget: int, o: Outcome, bounds: str,
+             per_device: bool = False, compiled: bool = False) -> str:
   if choice.mode:
     what = f"the whole-model alternative {choice.mode}"
   elif choice.save or choice.offload:
@@ -145,8 +160,7 @@ def describe(choice: Choice, budget: int, o: Outcome, peak: bool,
       what += "; offloads " + ", ".join(sorted(choice.offload))
   else:
     what = "keeps only region inputs"
-  bound = "an estimated peak" if peak else "kept activations"
-  bound += " per device" if per_device else ""
+  bound = describe_bound(bounds, per_device, compiled)
   return (f"Planned by remat_toolkit.plan for {bound} of at most "
           f"{format_bytes(budget)}: {what}; recomputes the rest "
           f"({o.report.recompute_percent:.1f}% of a no-remat step).")

@@ -3,8 +3,9 @@
 A group size is how many blocks share one remat region. Larger regions keep
 fewer boundaries but materialise more while one is recomputed, so layouts
 are compared by their *estimated peak* (kept activations plus one region's
-workspace), never by kept activations alone, and the plan with the least
-recompute among the layouts that fit wins.
+workspace), or by the training step's predicted peak (``bounds="peak"``),
+never by kept activations alone, and the plan with the least recompute among
+the layouts that fit wins.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from remat_toolkit._src.core.format import format_bytes
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.results.planning import ESTIMATED_PEAK
+from remat_toolkit._src.results.planning import PEAK
 from remat_toolkit._src.results.planning import GroupEstimate
 from remat_toolkit._src.results.planning import Plan
 
@@ -62,17 +64,20 @@ def _unpack_layout(group: Any, value: Any) -> tuple[Callable[..., Any], tuple]:
 
 def plan_groups(layouts: Sequence[Layout], limit: int,
                 make_planner: Callable[..., Any], search: dict) -> Plan:
-  """The plan with the least recompute whose estimated peak fits ``limit``.
+  """The plan with the least recompute whose peak fits ``limit``.
 
   Args:
     layouts: ``(group, build)`` pairs; ``build()`` gives ``(fn, args)``.
     limit: the peak budget in bytes.
     make_planner: ``make_planner(fn, *args)`` -> a ``Planner``.
-    search: keyword arguments of ``Planner.plan``.
+    search: keyword arguments of ``Planner.plan``; its ``bounds`` (default
+      ``"estimated peak"``) says which peak: the estimated one or the
+      step's predicted one (``"peak"``).
 
   Raises:
-    ValueError: no layout fits, saying the smallest estimated peak.
+    ValueError: no layout fits, saying the smallest peak.
   """
+  search = {"bounds": ESTIMATED_PEAK, **search}
   plans: list[Plan] = []
   estimates: list[GroupEstimate] = []
   for group, build in layouts:
@@ -88,8 +93,8 @@ def plan_groups(layouts: Sequence[Layout], limit: int,
     if plan is not None:
       plans.append(plan)
   if not plans:
-    raise _nothing_fits(limit, estimates)
-  best = min(plans, key=lambda p: (p.cost, p.estimated_peak))
+    raise _nothing_fits(limit, estimates, search["bounds"])
+  best = min(plans, key=lambda p: (p.cost, p.peak_bytes or p.estimated_peak))
   return dataclasses.replace(best, groups=tuple(estimates))
 
 
@@ -98,22 +103,28 @@ def _plan_layout(group: Any, planner: Any, limit: int, search: dict
   facts = (group, planner.region_executions, planner.boundary_only_bytes,
            planner.everything_bytes)
   try:
-    p = planner.plan(limit, bounds=ESTIMATED_PEAK, **search)
+    p = planner.plan(limit, **search)
   except ValueError:
     kept = planner.boundary_only_bytes
     workspace = planner.workspace_bytes(kept)
     recompute = planner.measure(resolve.BOUNDARY_ONLY).recompute_flops
     return None, GroupEstimate(*facts, workspace, kept, kept + workspace,
-                               recompute, "", False, "nothing fits")
+                               recompute, "", False, "nothing fits",
+                               planner.least_peak()
+                               if search["bounds"] == PEAK else None)
   p = dataclasses.replace(p, group=group)
   return p, GroupEstimate(*facts, p.workspace_bytes, p.kept_bytes,
                           p.estimated_peak, p.recompute_flops, p.policy.name,
-                          True)
+                          True, peak_bytes=p.peak_bytes)
 
 
-def _nothing_fits(limit: int, estimates: Sequence[GroupEstimate]) -> ValueError:
-  peaks = [e.estimated_peak for e in estimates if e.estimated_peak]
-  least = (f"; the smallest estimated peak of any layout is "
+def _nothing_fits(limit: int, estimates: Sequence[GroupEstimate],
+                  bounds: str) -> ValueError:
+  which = "predicted" if bounds == PEAK else "estimated"
+  peaks = [e.peak_bytes if bounds == PEAK else e.estimated_peak
+           for e in estimates]
+  peaks = [p for p in peaks if p]
+  least = (f"; the smallest {which} peak of any layout is "
            f"{format_bytes(min(peaks))} ({min(peaks)} bytes)") if peaks else ""
   return ValueError(
       f"No group size fits the peak budget of {format_bytes(limit)} "

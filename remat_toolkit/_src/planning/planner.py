@@ -38,6 +38,14 @@ host link twice (out in the forward pass, back in the backward pass), and
 FLOP/s. Transfers that overlap with compute cost less in practice, so this
 errs towards recomputing.
 
+With ``bounds="peak"`` the budget bounds the training step's predicted peak
+(:func:`remat_toolkit.peak` on the same trace, no re-tracing), which does not
+add up over names. The kept-bytes limit is bisected instead
+(:func:`~remat_toolkit._src.planning.search.largest_fitting`): each limit's
+plan is the search above, its step's peak is predicted once per plan, and
+the largest limit whose plan fits wins, against the named policies that fit
+as they are; with ``compile=True`` XLA's figure of the winner must fit too.
+
 This module plans; what a choice of names means and how it is measured is
 in :mod:`~remat_toolkit._src.planning.choices`, the search itself works on
 numbers alone (:mod:`~remat_toolkit._src.planning.search`), the result is data
@@ -71,8 +79,13 @@ import math
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeVar
+
+import jax
 
 from remat_toolkit._src.analysis.diagnose import region_warnings
+from remat_toolkit._src.analysis.peak import StepBuilder
+from remat_toolkit._src.analysis.peak import program_peak
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core.format import format_bytes
@@ -85,6 +98,7 @@ from remat_toolkit._src.planning.choices import choice_label
 from remat_toolkit._src.planning.choices import choice_policy
 from remat_toolkit._src.planning.choices import decisions
 from remat_toolkit._src.planning.choices import describe
+from remat_toolkit._src.planning.choices import describe_bound
 from remat_toolkit._src.planning.choices import describe_choice
 from remat_toolkit._src.planning.choices import model_id
 from remat_toolkit._src.planning.groups import DEFAULT_GROUP_SIZES
@@ -102,6 +116,7 @@ from remat_toolkit._src.planning.search import Outcome
 from remat_toolkit._src.planning.search import OutOfEvaluations
 from remat_toolkit._src.planning.search import Search
 from remat_toolkit._src.planning.search import drop_useless
+from remat_toolkit._src.planning.search import largest_fitting
 from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies import resolve
@@ -109,8 +124,10 @@ from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.policy import unrunnable_reason
 from remat_toolkit._src.results.analysis import ResidualReport
+from remat_toolkit._src.results.peak import Peak
 from remat_toolkit._src.results.planning import ESTIMATED_PEAK
 from remat_toolkit._src.results.planning import KEPT_ACTIVATIONS
+from remat_toolkit._src.results.planning import PEAK
 from remat_toolkit._src.results.planning import GroupEstimate
 from remat_toolkit._src.results.planning import NamedFit
 from remat_toolkit._src.results.planning import Plan
@@ -220,6 +237,13 @@ class Planner:
     self.region_executions = _region_executions(program, self._everything)
     self._model: AdditiveModel | None = None
     self._regions: RegionPlanner | None = None
+    # The training step's peak under each policy (bounds="peak"), predicted
+    # and compiled, built on this trace when first asked for.
+    self._num_params = len(jax.tree_util.tree_leaves(args[0])) if args else 0
+    self._step: StepBuilder | None = None
+    self._peaks: dict[Policy, Peak] = {}
+    self._xla_peaks: dict[Policy, Peak] = {}
+    self._peak_labels: dict[Policy, str] = {}
 
   # ------------------------------------------------------------ facts
   @property
@@ -262,35 +286,72 @@ class Planner:
         hi = mid - 1
     return lo
 
+  def step_peak(self, policy: Policy, outcome: Outcome, label: str = "",
+                compile: bool = False) -> Peak:
+    """The :class:`Peak` of ``policy``'s training step (``jax.grad`` of the
+    first argument) on this trace, cached; ``compile`` adds XLA's figure.
+
+    Args:
+      policy: what the regions that read the ambient policy take.
+      outcome: its measurement (its kept bytes are the Peak's).
+      label: how an error names it (default: the policy's name).
+      compile: also compile the step (``xla_bytes``).
+    """
+    cache = self._xla_peaks if compile else self._peaks
+    found = cache.get(policy)
+    if found is None:
+      if self._step is None:
+        self._step = StepBuilder(self.program, self._num_params)
+      found = cache[policy] = program_peak(
+          self._step, policy, compile=compile,
+          kept_bytes=outcome.report.activation_bytes)
+      self._peak_labels.setdefault(policy, label or policy.name)
+      if compile:  # the compiled Peak carries the prediction too
+        self._peaks.setdefault(policy, found)
+    return found
+
+  def least_peak(self) -> int | None:
+    """The least predicted step peak computed so far (None: none yet)."""
+    return min((p.bytes for p in self._peaks.values()), default=None)
+
   # ------------------------------------------------------------ planning
   def plan(self, budget: int | str, *, host_budget: int | str | None = None,
            max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
-           bounds: str = KEPT_ACTIVATIONS, per_layer: bool = False) -> Plan:
+           bounds: str = KEPT_ACTIVATIONS, per_layer: bool = False,
+           compile: bool = False) -> Plan:
     """The plan for one budget; see :func:`plan` for the arguments.
 
     Args:
       budget: device bytes (int or ``"8GiB"``) for what ``bounds`` says.
       host_budget: host bytes offloading may use (default: unlimited).
-      max_evaluations: analyzer evaluations for this budget's search.
-      bounds: ``"kept activations"``, or ``"estimated peak"`` to bound the
-        kept activations plus one region's workspace.
+      max_evaluations: analyzer evaluations for this budget's search (with
+        ``bounds="peak"``: for each kept-bytes limit it tries).
+      bounds: ``"kept activations"``, ``"estimated peak"`` to bound the
+        kept activations plus one region's workspace, or ``"peak"`` to
+        bound the training step's predicted peak.
       per_layer: choose a policy per remat region (see
         :mod:`~remat_toolkit._src.planning.per_region`).
+      compile: with ``bounds="peak"``, compile the chosen plan and go on
+        to the next candidate while XLA's figure is over the budget.
     """
     limit = parse_bytes(budget)
     host = _check_search(self.allow_offload, host_budget, max_evaluations)
     _check_flag("per_layer", per_layer)
-    peak = check_bounds(bounds) == ESTIMATED_PEAK
+    _check_peak_options(check_bounds(bounds), compile, self.per_device)
+    if bounds == PEAK:
+      return self._plan_peak(limit, host, max_evaluations, per_layer, compile)
+    peak = bounds == ESTIMATED_PEAK
     device = min(self.peak_limit(limit), limit) if peak else limit
     limits = Limits(device=device, host=math.inf if host is None else host)
     if per_layer:
       return plan_per_region(self, limit, limits, bounds, host)
     best, complete = self._solve(limits, max_evaluations)
     if best is None:
-      raise self.infeasible(limit, complete, peak)
+      raise self.infeasible(limit, complete, bounds)
     choice = best.choice
     policy = choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
-                            describe(choice, limit, best, peak, self.per_device))
+                            describe(choice, limit, best, bounds,
+                                     self.per_device))
     return Plan(
         policy=policy, budget=limit, cost=best.cost,
         decisions=decisions(choice, self.names),
@@ -301,6 +362,99 @@ class Planner:
         bounds=bounds, host_budget=host, host_bandwidth=self.host_bandwidth,
         device_flops=self.device_flops, warnings=self.warnings,
         per_device=self.per_device)
+
+  def _plan_peak(self, limit: int, host: int | None, max_evaluations: int,
+                 per_layer: bool, compile: bool) -> Plan:
+    """The least-recompute plan whose predicted step peak fits ``limit``
+    (see :func:`plan`, ``bounds="peak"``)."""
+    if per_layer:
+      return plan_per_region_peak(self, limit, host, compile)
+    hosts = math.inf if host is None else host
+    complete = True
+
+    def solve(kept: int) -> Outcome | None:
+      nonlocal complete
+      best, done = self._solve(Limits(device=kept, host=hosts),
+                               max_evaluations)
+      complete = complete and done
+      return best
+
+    # The named policies (and whole alternatives) compete as they are: the
+    # peak only roughly grows with the kept bytes, so one of them can fit
+    # with less recompute than the bisection's plan.
+    named = [o for o in self._named.values()
+             if o.choice is not None and o.host_bytes <= hosts]
+    best = self.search_peak(
+        _cached_solve(solve, lambda o: o.device_bytes),
+        lambda o: (o, self.choice_policy(o.choice), _label(o.choice)),
+        self.smallest().device_bytes, self.everything_bytes, limit, compile,
+        named)
+    if best is None:
+      raise self.infeasible(limit, complete, PEAK)
+    choice = best.choice
+    peak = self.step_peak(self.choice_policy(choice), best, compile=compile)
+    policy = choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
+                            describe(choice, limit, best, PEAK,
+                                     self.per_device, compile))
+    return Plan(
+        policy=policy, budget=limit, cost=best.cost,
+        decisions=decisions(choice, self.names),
+        named=self.named_fits(Limits(device=math.inf, host=hosts), limit),
+        report=best.report, optimal=False, evaluations=self.evaluations,
+        smallest_bytes=self.smallest().device_bytes,
+        workspace_bytes=self.workspace_bytes(best.device_bytes),
+        bounds=PEAK, host_budget=host, host_bandwidth=self.host_bandwidth,
+        device_flops=self.device_flops,
+        warnings=self.warnings + tuple(peak.warnings),
+        per_device=self.per_device, peak_bytes=peak.bytes,
+        xla_peak_bytes=peak.xla_bytes)
+
+  def search_peak(self, solve: Callable[[int], _Found | None],
+                  describe_found: Callable[[_Found], tuple[Outcome, Policy,
+                                                           str]],
+                  lo: int, hi: int, limit: int, compile: bool,
+                  others: Sequence[_Found] = ()) -> _Found | None:
+    """The least-recompute candidate whose step peak fits ``limit``.
+
+    ``solve(kept)`` is the least-recompute plan keeping at most ``kept``
+    bytes; :func:`~remat_toolkit._src.planning.search.largest_fitting`
+    bisects the kept limit in ``[lo, hi]`` with the predicted peak as the
+    test, and ``others`` (the named policies) compete with its result. With
+    ``compile``, the winner is compiled; while XLA's figure is over
+    ``limit`` the kept limit is bisected again below it with XLA's figure
+    as the test, so XLA's figure of what is returned fits.
+
+    Args:
+      solve: kept-bytes limit -> candidate or None.
+      describe_found: candidate -> (its outcome, its policy, its label).
+      lo: the least kept limit to try.
+      hi: the greatest.
+      limit: the peak budget.
+      compile: check XLA's figure.
+      others: candidates that compete as they are.
+    """
+    def peak(found: _Found, compiled: bool = False) -> Peak:
+      outcome, policy, label = describe_found(found)
+      return self.step_peak(policy, outcome, label, compile=compiled)
+
+    def kept(found: _Found) -> int:
+      return describe_found(found)[0].device_bytes
+
+    def predicted(found: _Found) -> int:
+      return peak(found).bytes
+
+    def xla(found: _Found) -> int:
+      return peak(found, True).xla_bytes
+
+    best = largest_fitting(solve, predicted, kept, lo, hi, limit)
+    fitting = [c for c in others if predicted(c) <= limit]
+    if best is not None:
+      fitting.append(best)
+    best = min(fitting, key=lambda c: describe_found(c)[0].key(),
+               default=None)
+    if compile and best is not None and xla(best) > limit:
+      best = largest_fitting(solve, xla, kept, lo, kept(best) - 1, limit)
+    return best
 
   @property
   def region_planner(self) -> RegionPlanner:
@@ -409,21 +563,34 @@ class Planner:
     return min(self.evaluate.outcomes(),
                key=lambda o: (o.device_bytes, o.cost))
 
-  def named_fits(self, limits: Limits) -> tuple[NamedFit, ...]:
-    """Every catalogue policy measured here, and whether it fits."""
-    return tuple(NamedFit(name=n, activation_bytes=o.device_bytes,
+  def named_fits(self, limits: Limits, peak_budget: int | None = None
+                 ) -> tuple[NamedFit, ...]:
+    """Every catalogue policy measured here, and whether it fits (with
+    ``peak_budget``: whether its predicted step peak fits that)."""
+    out = []
+    for n, o in self._named.items():
+      fits, peak = limits.fit(o), None
+      if peak_budget is not None:
+        policy = (catalog.get_policy(n) if o.choice is None
+                  else self.choice_policy(o.choice))
+        peak = self.step_peak(policy, o, n).bytes
+        fits = fits and peak <= peak_budget
+      out.append(NamedFit(name=n, activation_bytes=o.device_bytes,
                           offloaded_bytes=o.host_bytes,
                           recompute_flops=o.recompute_flops,
                           recompute_percent=o.report.recompute_percent,
-                          cost=o.cost, fits=limits.fit(o))
-                 for n, o in self._named.items())
+                          cost=o.cost, fits=fits, peak_bytes=peak))
+    return tuple(out)
 
-  def infeasible(self, budget: int, complete: bool, peak: bool) -> ValueError:
+  def infeasible(self, budget: int, complete: bool, bounds: str) -> ValueError:
     """The error for a budget nothing fits, saying the least that does."""
-    small = self.smallest()
-    label = small.choice.mode or choice_label(small.choice) or "boundary-only"
     why = "" if complete else (
         " (the search stopped at its evaluation limit; raise max_evaluations)")
+    if bounds == PEAK:
+      return self._no_peak_fits(budget, why)
+    peak = bounds == ESTIMATED_PEAK
+    small = self.smallest()
+    label = _label(small.choice)
     what = "peak budget" if peak else "activation budget"
     what = f"per-device {what}" if self.per_device else what
     least, measure = small.device_bytes, "activation memory"
@@ -437,6 +604,72 @@ class Planner:
         f"{label}). Raise the budget to at least that, use a smaller "
         "micro-batch, larger remat groups, or (jax_remat3 off) "
         "allow_offload=True.")
+
+  def _no_peak_fits(self, budget: int, why: str) -> ValueError:
+    if not self._peaks:  # no candidate within the host budget to predict
+      return ValueError(
+          f"No policy fits the peak budget of {format_bytes(budget)} "
+          f"({budget} bytes){why}: none fits the host budget; raise "
+          "host_budget.")
+    least = min(self._peaks, key=lambda p: self._peaks[p].bytes)
+    peak = self._peaks[least]
+    compiled = ""
+    if self._xla_peaks:
+      xla = min(self._xla_peaks, key=lambda p: self._xla_peaks[p].xla_bytes)
+      figure = self._xla_peaks[xla].xla_bytes
+      compiled = (f"; the least XLA figure compiled is {format_bytes(figure)} "
+                  f"({figure} bytes, {self._peak_labels[xla]})")
+    return ValueError(
+        f"No policy fits the peak budget of {format_bytes(budget)} ({budget} "
+        f"bytes){why}: the least predicted peak of the training step "
+        f"({peak.step}: parameters, inputs, gradients and what is live at "
+        f"its worst moment) is {format_bytes(peak.bytes)} ({peak.bytes} "
+        f"bytes, {self._peak_labels[least]}){compiled}. Raise the budget to "
+        "at least that, use a smaller micro-batch, larger remat groups, or "
+        "(jax_remat3 off) allow_offload=True.")
+
+
+# A candidate plan of the peak search: an Outcome (uniform) or a measured
+# per-region mix.
+_Found = TypeVar("_Found")
+
+
+def _label(choice: Choice) -> str:
+  """How an error names a choice: its mode, its names, or boundary-only."""
+  return choice.mode or choice_label(choice) or "boundary-only"
+
+
+def _cached_solve(solve: Callable[[int], _Found | None],
+                  kept: Callable[[_Found], int]
+                  ) -> Callable[[int], _Found | None]:
+  """``solve`` over kept-bytes limits, remembering what each answer covers:
+  the plan found at ``limit`` keeping ``k`` bytes is the plan at every limit
+  in ``[k, limit]``, and nothing at ``limit`` is nothing below it."""
+  known: list[tuple[float, int, Any]] = []
+
+  def cached(limit: int) -> _Found | None:
+    for low, high, found in known:
+      if low <= limit <= high:
+        return found
+    found = solve(limit)
+    known.append((-math.inf if found is None else kept(found), limit, found))
+    return found
+
+  return cached
+
+
+def _check_peak_options(bounds: str, compile: Any, per_device: bool) -> None:
+  _check_flag("compile", compile)
+  if compile and bounds != PEAK:
+    raise ValueError(
+        f"compile=True checks the plan's compiled training step against a "
+        f"peak budget; it needs bounds='peak' (got bounds={bounds!r}).")
+  if bounds == PEAK and per_device:
+    raise ValueError(
+        "bounds='peak' with per_device=True is not supported yet: the step's "
+        "peak is predicted for the whole step, not per device. Plan the "
+        "kept activations per device (bounds='kept activations') and check "
+        "the step with rt.peak.")
 
 
 def _region_executions(program: TracedProgram, everything: Outcome) -> int:
@@ -489,7 +722,8 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
          groups: GroupsLike | None = None,
          group_sizes: Sequence[Any] | None = None,
          max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
-         per_layer: bool = False, per_device: bool = False) -> Plan:
+         per_layer: bool = False, per_device: bool = False,
+         compile: bool = False) -> Plan:
   """The policy with the least recompute that fits ``budget``.
 
   Args:
@@ -498,12 +732,25 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     *args: arrays or ``jax.ShapeDtypeStruct`` pytrees (nothing is allocated).
     budget: device bytes, as an int or a string such as ``"8GiB"``, for what
       ``bounds`` says. Parameters, gradients and optimizer state are not
-      included (see :func:`rt.memory_breakdown`).
+      included (see :func:`rt.memory_breakdown`), but with
+      ``bounds="peak"``, where parameters and gradients are.
     bounds: what ``budget`` bounds: ``"kept activations"`` (the activations
-      kept for the backward pass; the default without ``groups``) or
+      kept for the backward pass; the default without ``groups``),
       ``"estimated peak"`` (kept activations plus one region's internals
-      while it is recomputed; the default, and the only choice, with
-      ``groups``). The plan's text and :attr:`Plan.bounds` say which.
+      while it is recomputed; the default with ``groups``) or ``"peak"``
+      (the training step's predicted peak, as :func:`rt.peak` predicts it
+      for ``jax.jit(jax.grad(fn))``: parameters, inputs, gradients and
+      everything live at its worst moment, so here the budget *includes*
+      parameters and gradients, though no optimizer state). The plan's
+      text and :attr:`Plan.bounds` say which. With ``"peak"`` the search
+      bisects the kept-bytes limit: each limit's least-recompute plan is
+      found as for ``"kept activations"`` and its step's peak predicted
+      (once per plan), and the largest limit whose plan's peak fits wins;
+      the named policies compete as they are, since the peak only roughly
+      grows with the kept bytes. The result is then the least recompute
+      found, not proven (:attr:`Plan.optimal` is False), and
+      :attr:`Plan.peak_bytes` is its predicted peak. With ``groups``, every
+      layout is planned so and the least recompute wins.
     allow_offload: also consider moving names to host memory (refused where
       offloading cannot run, e.g. under a ``jax_remat3`` that ignores it).
     host_budget: host bytes offloading may use (default: unlimited).
@@ -538,6 +785,13 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
       axes the program is compiled for ``mesh.size`` simulated CPU devices
       in a subprocess (see :mod:`~remat_toolkit._src.analysis.sharding`).
       ``host_budget`` and offloaded bytes stay totals over all devices.
+      Not with ``bounds="peak"`` (yet).
+    compile: with ``bounds="peak"``, also compile the chosen plan's step
+      (on this machine's backend) and, while XLA's figure (``argument +
+      output + temp - alias`` of ``memory_analysis()``) is over ``budget``,
+      bisect the kept limit below it again with XLA's figure as the test:
+      the plan returned never has an XLA figure over the budget
+      (:attr:`Plan.xla_peak_bytes`). Each test compiles a step.
 
   Returns:
     A :class:`Plan`; its ``warnings`` (each raised once as a ``UserWarning``)
@@ -547,9 +801,11 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     ValueError: a budget below the least any policy keeps (the message says
       how much that is), a malformed size, ``fn`` without remat regions,
       offloading where it cannot run, ``bounds='kept activations'`` with
-      ``groups``, or ``per_device=True`` with unsharded arguments.
-    TypeError: malformed ``groups``; ``per_layer`` or ``per_device`` not a
-      bool.
+      ``groups``, ``per_device=True`` with unsharded arguments or with
+      ``bounds='peak'``, ``compile=True`` without ``bounds='peak'``, or a
+      first argument without a floating-point leaf with ``bounds='peak'``.
+    TypeError: malformed ``groups``; ``per_layer``, ``per_device`` or
+      ``compile`` not a bool.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -562,6 +818,13 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     >>> p = rt.plan(lambda w, x: block(w, x).sum(), *args, budget="2KiB")
     >>> p.decisions, p.bounds, p.optimal
     ({'ffn.up': 'save'}, 'kept activations', True)
+
+    The step's peak bounded instead (parameters and gradients included):
+
+    >>> q = rt.plan(lambda w, x: block(w, x).sum(), *args, budget="64KiB",
+    ...             bounds="peak")
+    >>> q.bounds, q.peak_bytes <= 64 * 1024
+    ('peak', True)
 
     A budget per device, for a 64 x 4 mesh this machine does not have (an
     ``AbstractMesh`` of ``Explicit`` axes: the shardings are traced):
@@ -595,10 +858,11 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
   rates = dict(allow_offload=allow_offload, host_bandwidth=host_bandwidth,
                device_flops=device_flops, per_device=per_device)
   _check_flag("per_layer", per_layer)
+  _check_peak_options(bounds, compile, per_device)
   search = dict(host_budget=host_budget, max_evaluations=max_evaluations,
-                per_layer=per_layer)
+                per_layer=per_layer, bounds=bounds, compile=compile)
   if groups is None:
-    result = Planner(fn, *args, **rates).plan(limit, bounds=bounds, **search)
+    result = Planner(fn, *args, **rates).plan(limit, **search)
   else:
     candidates = [(None, lambda: (fn, args))] + layouts(groups, group_sizes)
     result = plan_groups(candidates, limit,
@@ -626,8 +890,24 @@ def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,
   Raises:
     ValueError: when no mix fits (the message gives the least any keeps).
   """
+  found = _region_best(planner, limits)
+  if found is None:
+    # A region keeps at least its inputs, so no mix keeps less than
+    # boundary-only, which was measured: the error can say that.
+    raise planner.infeasible(limit, True, bounds)
+  return _region_plan(planner, found, limit, planner.named_fits(limits),
+                      bounds, host)
+
+
+# A measured per-region mix: its outcome, the mix, and whether it measured
+# as predicted.
+_Measured = tuple[Outcome, Mix, bool]
+
+
+def _region_best(planner: Planner, limits: Limits) -> _Measured | None:
+  """The cheapest measured mix that fits ``limits`` (None: none does)."""
   regions = planner.region_planner
-  measured: list[tuple[Outcome, Mix, bool]] = []
+  measured: list[_Measured] = []
   for mix in regions.best(limits.device, limits.host):
     outcome = planner.evaluate.policy(
         region_policy(planner, regions.assignment(mix)))
@@ -637,29 +917,73 @@ def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,
       measured.append((outcome, mix, exact))
       if exact:
         break  # measured as predicted: the cheapest mix, proven
-  if not measured:
-    # A region keeps at least its inputs, so no mix keeps less than
-    # boundary-only, which was measured: the error can say that.
-    raise planner.infeasible(limit, True, bounds == ESTIMATED_PEAK)
-  outcome, mix, exact = min(measured, key=lambda m: m[0].key())
+  return min(measured, key=lambda m: m[0].key()) if measured else None
+
+
+def _region_plan(planner: Planner, found: _Measured, limit: int,
+                 named: tuple[NamedFit, ...], bounds: str, host: int | None,
+                 peak: Peak | None = None) -> Plan:
+  """The per-region Plan of a measured mix."""
+  outcome, mix, exact = found
+  regions = planner.region_planner
   assignment = regions.assignment(mix)
+  compiled = peak is not None and peak.xla_bytes is not None
+  warnings = planner.warnings + (() if exact else (_NOT_ADDITIVE,))
   return Plan(
-      policy=region_policy(planner, assignment, limit, outcome, bounds),
-      budget=limit, cost=outcome.cost, decisions={},
-      named=planner.named_fits(limits), report=outcome.report,
-      optimal=exact, evaluations=planner.evaluations,
+      policy=region_policy(planner, assignment, limit, outcome, bounds,
+                           compiled),
+      budget=limit, cost=outcome.cost, decisions={}, named=named,
+      report=outcome.report, optimal=exact and peak is None,
+      evaluations=planner.evaluations,
       smallest_bytes=planner.smallest().device_bytes,
       workspace_bytes=planner.workspace_bytes(outcome.device_bytes),
       bounds=bounds, host_budget=host, host_bandwidth=planner.host_bandwidth,
       device_flops=planner.device_flops,
-      warnings=planner.warnings + (() if exact else (_NOT_ADDITIVE,)),
+      warnings=warnings + (() if peak is None else tuple(peak.warnings)),
       regions=tuple(_region_rows(regions, assignment)),
-      per_device=planner.per_device)
+      per_device=planner.per_device,
+      peak_bytes=None if peak is None else peak.bytes,
+      xla_peak_bytes=None if peak is None else peak.xla_bytes)
+
+
+def plan_per_region_peak(planner: Planner, limit: int, host: int | None,
+                         compile: bool) -> Plan:
+  """The per-region plan whose predicted step peak fits ``limit`` (what
+  ``Planner.plan(per_layer=True, bounds="peak")`` returns).
+
+  The kept-bytes limit is bisected over the exact per-region front's range
+  (``Planner.search_peak``), each limit planned as
+  :func:`plan_per_region` plans it; with ``compile`` the winner's XLA
+  figure must fit too.
+
+  Raises:
+    ValueError: when no mix fits (the message gives the least predicted
+      peak, and the least XLA figure compiled).
+  """
+  regions = planner.region_planner
+  hosts = math.inf if host is None else host
+  devices = [regions.predicted(m)[0] for m in regions.mixes]
+
+  def describe_found(found: _Measured) -> tuple[Outcome, Policy, str]:
+    policy = region_policy(planner, regions.assignment(found[1]))
+    return found[0], policy, f"the per-region mix {policy.name}"
+
+  best = planner.search_peak(
+      _cached_solve(lambda kept: _region_best(planner, Limits(kept, hosts)),
+                    lambda found: found[0].device_bytes),
+      describe_found, min(devices), max(devices), limit, compile)
+  if best is None:
+    raise planner.infeasible(limit, True, PEAK)
+  peak = planner.step_peak(describe_found(best)[1], best[0], compile=compile)
+  return _region_plan(
+      planner, best, limit,
+      planner.named_fits(Limits(device=math.inf, host=hosts), limit), PEAK,
+      host, peak)
 
 
 def region_policy(planner: Planner, assignment: Sequence[tuple[str, Candidate]],
                   budget: int | None = None, outcome: Outcome | None = None,
-                  bounds: str = "") -> Policy:
+                  bounds: str = "", compiled: bool = False) -> Policy:
   """The per-region policy giving each region its candidate's policy, named
   for the model and the assignment."""
   pairs = [(key, c.policy) for key, c in assignment]
@@ -667,9 +991,7 @@ def region_policy(planner: Planner, assignment: Sequence[tuple[str, Candidate]],
       [[k, p.name] for k, p in pairs]).encode()).hexdigest()[:8]
   description = ""
   if outcome is not None:
-    bound = ("an estimated peak" if bounds == ESTIMATED_PEAK
-             else "kept activations") + (
-                 " per device" if planner.per_device else "")
+    bound = describe_bound(bounds, planner.per_device, compiled)
     counts = Policy(name="counts", regions=pairs).keeps_summary()
     description = (
         f"Planned by remat_toolkit.plan per region for {bound} of at most "

@@ -32,11 +32,12 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeVar
 
 from remat_toolkit._src.core.pareto import undominated
 
 __all__ = ["Choice", "Outcome", "Limits", "Search", "AdditiveModel",
-           "drop_useless", "OutOfEvaluations"]
+           "drop_useless", "OutOfEvaluations", "largest_fitting"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,3 +227,53 @@ class AdditiveModel:
       out.append((dev, host + nbytes, cost - saved + 2 * nbytes * self.transfer,
                   keep, off | {name}))
     return out
+
+
+T = TypeVar("T")
+
+
+def largest_fitting(solve: Callable[[int], T | None],
+                    figure: Callable[[T], float],
+                    kept: Callable[[T], int], lo: int, hi: int,
+                    budget: float) -> T | None:
+  """The plan at the largest kept-bytes limit in ``[lo, hi]`` whose
+  ``figure`` (a step's peak) fits ``budget``; None if none does.
+
+  ``solve(limit)`` is the least-recompute plan keeping at most ``limit``
+  bytes (None: nothing keeps so little), ``kept(plan)`` the bytes it keeps.
+  Lowering the limit never lowers the recompute, so the largest limit that
+  fits gives the least recompute, provided the figure grows with the limit:
+  the search assumes so (a peak only roughly does) and bisects. The top is
+  tried first (it often fits), then the bottom (if it does not fit, nothing
+  does), then the bracket: a plan that does not fit at ``mid`` keeps
+  ``kept(plan) <= mid`` bytes and is what every limit from there to ``mid``
+  gives, so the upper end moves down to its bytes, not only to ``mid``.
+
+  Example:
+    >>> plans = {0: ("recompute all", 9), 40: ("keep a", 5), 90: ("keep b", 0)}
+    >>> def solve(limit):  # the least-recompute plan keeping <= limit
+    ...   return max((k, p) for k, p in plans.items() if k <= limit)
+    >>> peak = {0: 100, 40: 130, 90: 190}  # the step's peak of each
+    >>> largest_fitting(solve, lambda c: peak[c[0]], lambda c: c[0], 0, 90,
+    ...                 budget=150)
+    (40, ('keep a', 5))
+  """
+  if hi < lo:
+    return None
+  top = solve(hi)
+  if top is not None and figure(top) <= budget:
+    return top
+  best = solve(lo)
+  if best is None or figure(best) > budget:
+    return None
+  good = lo
+  bad = hi if top is None else max(min(kept(top), hi), good + 1)
+  while bad - good > 1:
+    mid = (good + bad) // 2
+    found = solve(mid)
+    if found is not None and figure(found) <= budget:
+      good, best = mid, found
+    else:
+      below = mid if found is None else kept(found)
+      bad = below if below > good else mid
+  return best

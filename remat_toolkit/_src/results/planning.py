@@ -32,7 +32,7 @@ from remat_toolkit._src.results.base import Result
 
 __all__ = ["Plan", "NamedFit", "GroupEstimate", "RegionPlan", "Frontier",
            "FrontierPoint", "KEPT_ACTIVATIONS",
-           "ESTIMATED_PEAK", "BOUNDS", "check_bounds", "plan_bounds"]
+           "ESTIMATED_PEAK", "PEAK", "BOUNDS", "check_bounds", "plan_bounds"]
 
 #: ``bounds``: the budget bounds the activation bytes kept for the backward pass.
 KEPT_ACTIVATIONS = "kept activations"
@@ -40,7 +40,11 @@ KEPT_ACTIVATIONS = "kept activations"
 #: internals while it is recomputed (how layouts of different group sizes
 #: are compared).
 ESTIMATED_PEAK = "estimated peak"
-BOUNDS = (KEPT_ACTIVATIONS, ESTIMATED_PEAK)
+#: ``bounds``: the budget bounds the training step's predicted peak
+#: (:func:`remat_toolkit.peak`: parameters, inputs, gradients and everything
+#: live at the step's worst moment), or with ``compile=True`` XLA's figure too.
+PEAK = "peak"
+BOUNDS = (KEPT_ACTIVATIONS, ESTIMATED_PEAK, PEAK)
 #: How the names of presets taken from other frameworks begin (MaxText,
 #: Praxis); where such a preset and one of ours keep the same, ours is shown.
 FIELD_PREFIXES = ("maxtext-", "praxis-")
@@ -51,13 +55,16 @@ def check_bounds(bounds: Any) -> str:
   if bounds not in BOUNDS:
     raise ValueError(
         f"bounds must be one of {list(BOUNDS)}, got {bounds!r}: the budget "
-        "bounds either the activations kept for the backward pass or their "
-        "estimated peak (kept activations plus one region's workspace).")
+        "bounds the activations kept for the backward pass, their estimated "
+        "peak (kept activations plus one region's workspace), or the "
+        "training step's predicted peak (parameters, gradients and "
+        "everything live at its worst moment, as rt.peak predicts it).")
   return bounds
 
 
 def plan_bounds(bounds: Any, groups: Any) -> str:
-  """What the budget bounds: as asked, else the estimated peak with groups."""
+  """What the budget bounds: as asked, else the estimated peak with groups
+  (which compare layouts by their estimated or predicted peak)."""
   if bounds is None:
     return KEPT_ACTIVATIONS if groups is None else ESTIMATED_PEAK
   if check_bounds(bounds) == KEPT_ACTIVATIONS and groups is not None:
@@ -80,7 +87,10 @@ class NamedFit:
     recompute_flops: FLOPs it recomputes.
     recompute_percent: the same, in percent of a no-remat step.
     cost: recompute FLOPs plus transfer FLOP-equivalents.
-    fits: whether it fits the budget.
+    fits: whether it fits the budget (its predicted peak, when the budget
+      bounds the step's peak).
+    peak_bytes: the predicted peak of its training step when the budget
+      bounds the peak (``bounds="peak"``), else None.
   """
 
   name: str
@@ -90,6 +100,7 @@ class NamedFit:
   recompute_percent: float
   cost: float
   fits: bool
+  peak_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +119,11 @@ class GroupEstimate:
     estimated_peak: ``activation_bytes + workspace_bytes``.
     recompute_flops: the plan's recompute FLOPs.
     policy: the plan's policy name ("" if nothing fits).
-    fits: whether the estimated peak fits the budget.
+    fits: whether the plan fits the budget (its estimated peak, or with
+      ``bounds="peak"`` its predicted peak).
     note: why the layout was skipped or does not fit.
+    peak_bytes: with ``bounds="peak"``, the plan's predicted step peak (the
+      least predicted when nothing fits); else None.
   """
 
   group: Any
@@ -123,6 +137,7 @@ class GroupEstimate:
   policy: str
   fits: bool
   note: str = ""
+  peak_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,10 +172,11 @@ class Plan(Result):
     policy: the planned :class:`Policy` (usable with ``rt.use_policy``; by
       name after :meth:`register` or :meth:`save` + ``rt.load_policies``).
     budget: the budget in bytes.
-    bounds: what the budget bounds: ``"kept activations"``, or
+    bounds: what the budget bounds: ``"kept activations"``,
       ``"estimated peak"`` (kept activations plus :attr:`workspace_bytes`),
-      the default when planned with ``groups``; the text's first line says
-      which.
+      the default when planned with ``groups``, or ``"peak"`` (the training
+      step's predicted peak, :attr:`peak_bytes`); the text's first line
+      says which.
     cost: ``recompute_flops`` plus transfer FLOP-equivalents (see
       :mod:`remat_toolkit._src.planning.planner`).
     decisions: checkpoint name -> ``"save"``, ``"offload"`` or
@@ -171,7 +187,8 @@ class Plan(Result):
     optimal: whether the branch and bound finished, which proves that no
       choice of names and no whole alternative recomputes less within the
       budget; False when it stopped at ``max_evaluations`` (the plan is then
-      the best measured).
+      the best measured), and always with ``bounds="peak"`` (a bisection
+      over kept-bytes limits, not a proof).
     evaluations: analyzer evaluations made on the model so far (named
       policies and per-name measurements included).
     smallest_bytes: the least activation memory any evaluated policy kept.
@@ -193,6 +210,13 @@ class Plan(Result):
       :attr:`workspace_bytes`, the named policies' and regions' bytes) is
       per device, found by :attr:`per_device_method`;
       :attr:`activation_bytes` stays the total over all devices.
+    peak_bytes: with ``bounds="peak"``, the predicted peak of the plan's
+      training step (``jax.jit(jax.grad(fn))``: parameters, inputs,
+      gradients and everything live at its worst moment; see
+      :func:`remat_toolkit.peak`); else None.
+    xla_peak_bytes: with ``bounds="peak"`` and ``compile=True``, XLA's
+      figure of the same step (``argument + output + temp - alias`` bytes of
+      its ``memory_analysis()``), which then fits the budget; else None.
   """
 
   policy: Policy
@@ -214,6 +238,8 @@ class Plan(Result):
   warnings: tuple[str, ...] = ()
   regions: tuple[RegionPlan, ...] = ()
   per_device: bool = False
+  peak_bytes: int | None = None
+  xla_peak_bytes: int | None = None
 
   # ------------------------------------------------------------ measured
   @property
@@ -333,6 +359,8 @@ class Plan(Result):
         "smallest_bytes": self.smallest_bytes,
         "workspace_bytes": self.workspace_bytes,
         "estimated_peak": self.estimated_peak,
+        "peak_bytes": self.peak_bytes,
+        "xla_peak_bytes": self.xla_peak_bytes,
         "group": self.group,
         "groups": [dataclasses.asdict(g) for g in self.groups],
         "closest_builtins": [f.name for f in self.closest_builtins],

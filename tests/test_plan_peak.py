@@ -1,0 +1,101 @@
+"""Plans whose budget bounds the training step's peak (``bounds="peak"``).
+
+The model keeps a choice that matters for the peak: each layer's ``z`` is
+read by the backward pass's matmul for ``w2``'s gradient, so keeping it
+spares recomputing ``x @ w1`` but holds ``B x H`` floats per layer until the
+backward pass. Every figure is compared with :func:`rt.peak` (the prediction)
+or with XLA's own ``memory_analysis`` of ``jax.jit(jax.grad(loss))``, never
+with a number written here.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_toolkit as rt
+
+S = jax.ShapeDtypeStruct
+D, H, B, L = 64, 256, 128, 4
+
+
+@rt.remat
+def layer(w1, w2, x):
+  z = rt.tag(x @ w1, "z")
+  return x + z @ w2
+
+
+def loss(params, x):
+  for w1, w2 in params:
+    x = layer(w1, w2, x)
+  return (x ** 2).mean()
+
+
+ARGS = ([(S((D, H), jnp.float32), S((H, D), jnp.float32))] * L,
+        S((B, D), jnp.float32))
+
+
+def _figures(policy):
+  """(predicted peak, recompute FLOPs) of a policy."""
+  return (rt.peak(loss, *ARGS, policy=policy).bytes,
+          rt.analyze(loss, *ARGS, policy=policy).recompute_flops)
+
+
+def test_a_budget_between_two_peaks_takes_the_least_recompute_that_fits():
+  (lo_peak, lo_flops), (hi_peak, hi_flops) = (
+      _figures("boundary-only"), _figures("save-everything"))
+  assert lo_peak < hi_peak and hi_flops < lo_flops  # the trade-off exists
+  budget = (lo_peak + hi_peak) // 2
+  p = rt.plan(loss, *ARGS, budget=budget, bounds="peak")
+  assert p.bounds == "peak" and p.peak_bytes <= budget
+  assert p.peak_bytes == rt.peak(loss, *ARGS, policy=p.policy).bytes
+  assert p.xla_peak_bytes is None  # nothing compiled
+  # save-everything recomputes less but its peak is over: it is not taken,
+  # and no named policy that fits recomputes less than the plan.
+  named = {f.name: f for f in p.named}
+  assert not named["save-everything"].fits
+  assert named["save-everything"].peak_bytes == hi_peak
+  assert all(p.recompute_flops <= f.recompute_flops
+             for f in p.named if f.fits)
+  assert p.recompute_flops <= lo_flops
+  # With room for everything, nothing is recomputed.
+  assert rt.plan(loss, *ARGS, budget=hi_peak, bounds="peak").recompute_flops == (
+      hi_flops)
+  assert "(peak)" in str(p).splitlines()[0]
+  assert "predicted step peak" in str(p)
+  assert p.to_dict()["peak_bytes"] == p.peak_bytes
+  # A policy per region fills the budget between the uniform choices.
+  q = rt.plan(loss, *ARGS, budget=budget, bounds="peak", per_layer=True)
+  assert q.per_layer and q.peak_bytes <= budget
+  assert q.peak_bytes == rt.peak(loss, *ARGS, policy=q.policy).bytes
+  assert q.recompute_flops <= p.recompute_flops
+
+
+def test_with_compile_xla_figure_of_the_plan_fits_the_budget():
+  least = rt.peak(loss, *ARGS, policy="boundary-only", compile=True)
+  budget = max(least.bytes, least.xla_bytes) * 101 // 100
+  p = rt.plan(loss, *ARGS, budget=budget, bounds="peak", compile=True)
+  assert p.xla_peak_bytes is not None and p.xla_peak_bytes <= budget
+  # XLA's own figure of the step a user compiles under the plan.
+  with rt.use_policy(p):
+    stats = jax.jit(jax.grad(loss)).lower(*ARGS).compile().memory_analysis()
+  assert (stats.argument_size_in_bytes + stats.output_size_in_bytes
+          + stats.temp_size_in_bytes - stats.alias_size_in_bytes) <= budget
+  assert "XLA's figure" in str(p)
+
+
+def test_a_peak_budget_nothing_fits_names_the_least_predicted_peak():
+  least = rt.peak(loss, *ARGS, policy="boundary-only").bytes
+  with pytest.raises(ValueError, match="No policy fits the peak budget") as e:
+    rt.plan(loss, *ARGS, budget=1000, bounds="peak")
+  assert "least predicted peak" in str(e.value)
+  assert f"({least} bytes, boundary-only)" in str(e.value)
+
+
+def test_peak_options_are_checked():
+  with pytest.raises(ValueError, match=r"bounds must be one of \['kept "
+                     r"activations', 'estimated peak', 'peak'\]"):
+    rt.plan(loss, *ARGS, budget="1MiB", bounds="peaks")
+  with pytest.raises(ValueError, match="needs bounds='peak'"):
+    rt.plan(loss, *ARGS, budget="1MiB", compile=True)
+  with pytest.raises(TypeError, match="compile must be True or False"):
+    rt.plan(loss, *ARGS, budget="1MiB", bounds="peak", compile="yes")
