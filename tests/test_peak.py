@@ -147,8 +147,10 @@ def test_bad_input_is_named(call, error, match):
 
 
 # The prediction against XLA's figure, with the scheduler setting the docs
-# recommend, in a process of its own: a small GPT, unrolled and scanned,
-# under several policies and both remat modes.
+# recommend, in a process of its own: the built-in GPT-2 small shape cut to
+# 4 layers, seq 256, batch 4 (benchmarks/peak_accuracy.py's), unrolled and
+# scanned, under several policies and both remat modes. Errors are compared
+# as the benchmark prints them, to 0.1%.
 _ACCURACY = textwrap.dedent("""
     import json, warnings
     import remat_toolkit as rt
@@ -156,14 +158,14 @@ _ACCURACY = textwrap.dedent("""
     from shared_helpers import remat3
     warnings.simplefilter("ignore")
     cfg = models.get_config("gpt2-small").replace(
-        num_layers=2, seq_len=64, batch_size=2, vocab_size=512, d_model=128,
-        num_heads=4, d_ff=512)
+        num_layers=4, seq_len=256, batch_size=4)
     rows = []
     for mode in (False, True):
       with remat3(mode):
         for scan in (False, True):
           loss, args = models.build_loss(cfg, scan=scan)
-          for policy in ("boundary-only", "save-attention", "save-everything"):
+          for policy in ("boundary-only", "save-attention",
+                         "recompute-attention-core", "save-everything"):
             p = rt.peak(loss, *args, policy=policy, compile=True)
             rows.append([mode, scan, policy, p.bytes, p.xla_bytes])
     print(json.dumps(rows))
@@ -177,7 +179,8 @@ def test_prediction_within_ten_percent_of_xla_and_same_order():
             + _ACCURACY)
   rows = run_on_simulated_devices(script, count=1)
   for mode, scan, policy, predicted, xla in rows:
-    assert abs(predicted / xla - 1) <= 0.10, (mode, scan, policy, predicted, xla)
+    assert round(abs(predicted / xla - 1), 3) <= 0.10, (
+        mode, scan, policy, predicted, xla)
   for mode in (False, True):
     for scan in (False, True):
       table = [(p, x) for m, s, _, p, x in rows if m == mode and s == scan]

@@ -186,8 +186,10 @@ class StepBuilder:
 
     return train_step, (p0, self._opt_state, others), (0, 1)
 
-  def phases(self) -> tuple[list[str], list[str], list[str], list[bool]]:
-    """Per flat argument and output of the step: phase, label, donation."""
+  def phases(self) -> tuple[list[str], list[str], list[str], list[str],
+                            list[bool]]:
+    """The step's argument phases and labels, its output phases and labels,
+    and which arguments it donates."""
     labels = self.program.paths
     params = self._params
     rest = [k for k in range(len(labels)) if k not in params]
@@ -205,10 +207,12 @@ class StepBuilder:
     donated += [False] * len(rest)
     if self._optimizer is None:
       out_phases = ["gradient"] * len(params)
+      out_labels = [labels[k] for k in params]
     else:
       n = len(jax.tree_util.tree_leaves(self._opt_state))
       out_phases = ["output"] * len(params) + ["optimizer state"] * n
-    return arg_phases, arg_labels, out_phases, donated
+      out_labels = [labels[k] for k in params] + ["optimizer state"] * n
+    return arg_phases, arg_labels, out_phases, out_labels, donated
 
 
 def program_peak(builder: StepBuilder, policy: Policy, *,
@@ -219,11 +223,11 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
   closed = jax.make_jaxpr(step)(*args)
   # remat3 leaves dead recomputation in the traced step; XLA drops it.
   jaxpr = compat.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
-  arg_phases, labels, out_phases, donated = builder.phases()
+  arg_phases, labels, out_phases, out_labels, donated = builder.phases()
   backend = jax.default_backend()
   predicted = liveness.predict_peak(
       jaxpr, arg_phases, out_phases=out_phases, arg_paths=labels,
-      donated=donated, upcast_low_precision_matmuls=backend == "cpu")
+      out_paths=out_labels, donated=donated, upcast_low_precision_matmuls=backend == "cpu")
   live = tuple(
       LiveTensor(v.shape, v.dtype, v.nbytes, v.phase,
                  v.module_path if v.primitive in ("argument", "output", "constant")
