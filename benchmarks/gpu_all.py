@@ -1,6 +1,11 @@
 """Every accelerator figure of the documentation in one run, for whoever has a GPU.
 
 Within about ten minutes on one GPU it runs, in order:
+  0. ``peak``: ``rt.peak``'s predicted peak and XLA's figure per policy on
+     the gpt2-small shape cut to 4 layers (``benchmarks/peak_accuracy.py``'s
+     table), against ``memory_stats()['peak_bytes_in_use']`` after a real
+     ``jax.jit(jax.grad(loss))`` step; first, while the process's
+     high-water mark is still the step's own (GPU only, or ``--smoke``);
   1. ``compare``: the analyzer's table of every policy on ``gpt2-small`` and
      ``seed-example`` (bytes kept and recompute, from the traced program);
   2. ``bench``: a real training step (AdamW, jit, donated state) of
@@ -30,6 +35,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +88,51 @@ def ordered_policies(rt: Any, smoke: bool) -> list[str]:
 
 
 # ---------------------------------------------------------------- phases
+
+def phase_peak(rt: Any, settings: dict, left: float) -> dict:
+  import jax
+  import peak_accuracy
+
+  from remat_toolkit import models
+  device = jax.devices()[0]
+  if device.platform == "cpu" and not settings["smoke"]:
+    return {"skipped": "no GPU (benchmarks/peak_accuracy.py makes the CPU table)"}
+  cfg = models.get_config("tiny") if settings["smoke"] else peak_accuracy.shape()
+  fn, args = models.build_loss(cfg, scan=settings["scan"], abstract=False)
+  policies = list(peak_accuracy.POLICIES[:3] if settings["smoke"]
+                  else peak_accuracy.POLICIES)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the table lists the findings
+    predicted = {p: rt.peak(fn, *args, policy=p).bytes for p in policies}
+  # The high-water mark is process-wide and never falls: run the policies in
+  # ascending predicted peak, and say where it did not rise.
+  policies.sort(key=predicted.get)
+  marks: list[int] = []
+
+  def measured(policy: str) -> int | None:
+    with rt.use_policy(policy):
+      jax.block_until_ready(jax.jit(jax.grad(fn))(*args))
+    mark = (device.memory_stats() or {}).get("peak_bytes_in_use")
+    if mark is not None:
+      marks.append(mark)
+    return mark
+
+  print(f"\n## peak: predicted, XLA's and measured, {cfg.num_layers} layers, "
+        f"batch {cfg.batch_size}, seq {cfg.seq_len}, "
+        f"{'scan' if settings['scan'] else 'unrolled'}\n")
+  rows = peak_accuracy.measure(
+      fn, args, policies, measured=measured,
+      deadline=time.perf_counter() + max(30.0, 0.3 * left))
+  measured_any = any(r.get("measured") for r in rows)
+  peak_accuracy.print_table(rows, truth="measured" if measured_any else "xla")
+  not_own = [r["policy"] for r, prev in zip(rows[1:], marks, strict=False)
+             if r.get("measured") is not None and r["measured"] <= prev]
+  if not_own:
+    print("the high-water mark did not rise under: " + ", ".join(not_own))
+  return {"config": cfg.name, "layers": cfg.num_layers, "rows": [
+      dict(r, findings=[str(f) for f in r["findings"]]) for r in rows],
+      "measured_not_own": not_own}
+
 
 def phase_compare(rt: Any, settings: dict, left: float) -> dict:
   from remat_toolkit import models
@@ -137,6 +188,7 @@ def phase_grad_accum(rt: Any, settings: dict, left: float) -> dict:
 
 #: (name, phase, seconds it needs at least to be worth starting)
 PHASES: tuple[tuple[str, Callable[..., dict], float], ...] = (
+    ("peak", phase_peak, 0.0),
     ("compare", phase_compare, 0.0),
     ("bench", phase_bench, 60.0),
     ("largest_batch", phase_largest_batch, 45.0),

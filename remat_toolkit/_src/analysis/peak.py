@@ -282,11 +282,14 @@ def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
                        b.module_path, b.primitive) for b in scheduled.live]
   listed = sum(b.nbytes for b in buffers)
   if listed != total:
-    # XLA's figure less the buffers listed: what its allocations hold beyond
-    # them (packing), or less (a loop writing its outputs in place, donated
-    # arguments), so that the list sums to its figure.
-    buffers.append(XlaBuffer("(allocation vs buffers listed)", "",
-                             total - listed, "packing", "", ""))
+    # So that the list sums to XLA's figure: XLA's temporary allocation holds
+    # more than the buffers live at its peak (packing), or less, when XLA
+    # lays temporaries in output buffers not yet written (or in donated
+    # arguments), which memory_analysis() counts once, as outputs.
+    label = ("(packing: temporary allocation beyond the buffers listed)"
+             if total > listed else
+             "(temporaries laid in output or donated buffers)")
+    buffers.append(XlaBuffer(label, "", total - listed, "packing", "", ""))
   found = []
   if scheduled.rematerialized:
     found.append(Finding(

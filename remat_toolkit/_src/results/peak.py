@@ -62,8 +62,11 @@ class XlaBuffer:
 
   Attributes:
     instruction: the HLO instruction that wrote it (``name{i}`` for element
-      ``i`` of a tuple), or ``"(buffer packing)"`` for the bytes XLA's
-      temporary allocation holds beyond the buffers live at its peak.
+      ``i`` of a tuple); for the one ``"packing"`` entry, what it stands
+      for: the bytes XLA's temporary allocation holds beyond the buffers
+      live at its peak, or (negative) the temporaries XLA laid in output or
+      donated buffers before they were written, which ``memory_analysis()``
+      counts once, as outputs.
     shape: its HLO shape, e.g. ``f32[1024,3072]``.
     nbytes: bytes.
     phase: ``"argument"``, ``"output"``, ``"forward"``, ``"backward"`` or
