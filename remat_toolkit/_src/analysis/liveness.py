@@ -24,8 +24,15 @@ does to buffers is modelled from the program alone, nothing is compiled:
 - **Arguments and outputs** are held for the whole step, as XLA allocates
   them (its ``memory_analysis()`` counts ``argument + output + temp``).
 - **XLA:CPU** computes 16-bit matmuls in float32: each 16-bit operand is
-  stored again in float32 and the product comes out in float32
-  (``upcast_low_precision_matmuls``).
+  stored again in float32 and the product comes out in float32, and a
+  16-bit stacked input a loop's body multiplies is converted whole before
+  the loop (``upcast_low_precision_matmuls``).
+
+The walk follows the program's order. XLA's scheduler may run work earlier
+(a remat region's recomputation depends only on what was kept): with many
+layers unrolled, XLA's peak is then higher than predicted (12 unrolled GPT-2
+small layers on XLA:CPU: 30-42% under, ``benchmarks/peak_accuracy.py
+--speed``); a loop (``scan``) keeps the order.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -235,13 +242,12 @@ class _Program:
       if sum(v.nbytes for v in found) > sum(v.nbytes for v in inner):
         inner = found
     if compat.is_scan(eqn):
-      inner += self._loop_copies(eqn, ins, path, backward)
+      inner += self._loop_copies(eqn, path, backward)
     self.ops.append(_Op(prim, ins, outs, eqn, inner=sum(v.nbytes for v in inner),
                         inner_live=inner, path=path, backward=backward))
 
-
-  def _loop_copies(self, eqn: JaxprEqn, ins: list[int | None], path: str,
-                   backward: bool) -> tuple[LiveValue, ...]:
+  def _loop_copies(self, eqn: JaxprEqn, path: str, backward: bool
+                   ) -> tuple[LiveValue, ...]:
     """Buffers XLA adds around a loop: on XLA:CPU a 16-bit stacked input the
     body multiplies is converted to float32 whole, before the loop."""
     body = _jaxpr.sub_jaxprs(eqn)[0]
@@ -257,7 +263,6 @@ class _Program:
                                "backward transient" if backward else
                                "forward transient", path, None,
                                "convert_element_type"))
-    del ins
     return tuple(out)
 
 
