@@ -278,8 +278,7 @@ def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
   stats = compiled.memory_analysis()
   total = int(stats.argument_size_in_bytes + stats.output_size_in_bytes
               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
-  buffers = [XlaBuffer(b.instruction, b.shape, b.nbytes, b.phase,
-                       b.module_path, b.primitive) for b in scheduled.live]
+  buffers = list(scheduled.live)
   listed = sum(b.nbytes for b in buffers)
   if listed != total:
     # So that the list sums to XLA's figure: XLA's temporary allocation holds

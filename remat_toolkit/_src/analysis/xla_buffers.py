@@ -30,7 +30,9 @@ import re
 import tempfile
 from typing import Any
 
-__all__ = ["HloBuffer", "ScheduledPeak", "scheduled_peak", "shape_bytes",
+from remat_toolkit._src.results.peak import XlaBuffer
+
+__all__ = ["ScheduledPeak", "scheduled_peak", "shape_bytes",
            "compile_with_buffers", "peak_buffers", "describe_op_name"]
 
 _ITEM_BYTES = {
@@ -62,28 +64,6 @@ def shape_bytes(shape: str) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class HloBuffer:
-  """One buffer live at XLA's peak.
-
-  Attributes:
-    instruction: the HLO instruction that wrote it (a parameter's name for
-      an argument).
-    shape: its HLO shape, e.g. ``f32[1024,3072]``.
-    nbytes: bytes it holds.
-    phase: ``"argument"``, ``"output"``, ``"forward"`` or ``"backward"``.
-    module_path: the module its op name names, transforms dropped.
-    primitive: the JAX primitive its op name ends with.
-  """
-
-  instruction: str
-  shape: str
-  nbytes: int
-  phase: str
-  module_path: str
-  primitive: str
-
-
-@dataclasses.dataclass(frozen=True)
 class ScheduledPeak:
   """The walk's result: buffers at the peak, and what it counted.
 
@@ -97,7 +77,7 @@ class ScheduledPeak:
       their names).
   """
 
-  live: tuple[HloBuffer, ...]
+  live: tuple[XlaBuffer, ...]
   argument_bytes: int
   output_bytes: int
   temp_bytes: int
@@ -253,14 +233,14 @@ def scheduled_peak(hlo_text: str, live_range_text: str = "") -> ScheduledPeak:
       by_name.setdefault(i.name, i)
   params = [i for i in instrs if i.opcode == "parameter"]
   outputs = _root_buffers(next((i for i in instrs if i.root), None), by_name)
-  live: list[HloBuffer] = []
+  live: list[XlaBuffer] = []
   for i in params:
-    live.append(HloBuffer(i.name, _plain(i.shape), shape_bytes(i.shape),
+    live.append(XlaBuffer(i.name, _plain(i.shape), shape_bytes(i.shape),
                           "argument", _argument_path(i.name), "parameter"))
   out_names = {i.name for i in outputs}
   for i in outputs:
     _, path, prim = describe_op_name(i.op_name)
-    live.append(HloBuffer(i.name, _plain(i.shape), shape_bytes(i.shape),
+    live.append(XlaBuffer(i.name, _plain(i.shape), shape_bytes(i.shape),
                           "output", path, prim or i.opcode))
   param_names = {i.name for i in params}
   temp = 0
@@ -272,7 +252,7 @@ def scheduled_peak(hlo_text: str, live_range_text: str = "") -> ScheduledPeak:
     phase, path, prim = describe_op_name(instr.op_name if instr else "")
     shape = _plain(tuple_element(instr.shape, index)) if instr else ""
     label = f"{name}{{{index}}}" if index else name
-    live.append(HloBuffer(label, shape, size, phase, path,
+    live.append(XlaBuffer(label, shape, size, phase, path,
                           prim or (instr.opcode if instr else "")))
     temp += size
     first = first or name
