@@ -16,6 +16,11 @@ figures differ by more than 5%, the prediction orders them the same way;
 the pairs that disagree are printed, and so is the same check for the kept
 bytes (which ignore the transients that decide the peak).
 
+``--hf`` measures models nobody here wrote instead: Hugging Face Flax
+GPT-2, BERT and Llama (transformers, built from configs: nothing is
+downloaded) with 4 layers x 256, seq 256, batch 4, bfloat16 activations,
+each block made a region by ``rt.remat_modules`` (blocks found, not named).
+
 ``--seconds`` adds the time to predict (``rt.peak`` without compile) and to
 compile the step (``jax.jit(jax.grad(fn)).lower(...).compile()`` under the
 policy). ``--speed`` times only that, on the 12-layer gpt2-small shape (batch
@@ -31,6 +36,7 @@ Usage:
       [--attention naive dot_product flash] [--frameworks linen nnx]
       [--policies boundary-only save-qkv ...] [--seconds]
   python benchmarks/peak_accuracy.py --speed [--layouts unrolled scan]
+  python benchmarks/peak_accuracy.py --hf [--policies ...]
 """
 
 from __future__ import annotations
@@ -193,26 +199,88 @@ def print_table(rows, truth: str = "xla") -> None:
         f"as {who} does, the kept bytes {ranked - len(wrong_kept)}/{ranked}")
 
 
-def accuracy(args) -> int:
+#: Hugging Face Flax models: (config class, model class, extra config).
+HF_MODELS = {
+    "gpt2": ("GPT2Config", "FlaxGPT2LMHeadModel",
+             dict(n_layer=4, n_embd=256, n_head=4, n_positions=256)),
+    "bert": ("BertConfig", "FlaxBertModel",
+             dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                  intermediate_size=1024, max_position_embeddings=256)),
+    "llama": ("LlamaConfig", "FlaxLlamaForCausalLM",
+              dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                   num_key_value_heads=4, intermediate_size=1024,
+                   max_position_embeddings=256)),
+}
+
+
+def hf_loss(name: str, seq: int = 256, batch: int = 4, vocab: int = 8192
+            ) -> tuple[Callable, tuple]:
+  """``params -> mean square of the first output`` for a Hugging Face Flax
+  model whose blocks ``rt.remat_modules`` makes regions, and its abstract
+  parameters."""
+  import transformers  # optional: only this mode needs it
+
+  config_name, model_name, extra = HF_MODELS[name]
+  config = getattr(transformers, config_name)(vocab_size=vocab, **extra)
+  model = getattr(transformers, model_name)(config, dtype=jax.numpy.bfloat16,
+                                            _do_init=False)
+  ids = jax.numpy.arange(batch * seq, dtype=jax.numpy.int32).reshape(
+      batch, seq) % vocab
+  inputs = {"input_ids": ids, "attention_mask": jax.numpy.ones_like(ids),
+            "position_ids": jax.numpy.broadcast_to(jax.numpy.arange(seq), ids.shape)}
+  if name == "bert":
+    inputs.update(token_type_ids=jax.numpy.zeros_like(ids), head_mask=None)
+  module = rt.remat_modules(model.module)
+  params = jax.eval_shape(
+      lambda: module.init(jax.random.key(0), **inputs))["params"]
+
+  def loss(params):
+    out = module.apply({"params": params}, **inputs)
+    first = out[0] if isinstance(out, tuple) else next(iter(out.values()))
+    return jax.numpy.mean(jax.numpy.square(first.astype(jax.numpy.float32)))
+  return loss, (params,)
+
+
+def tables(args) -> list[tuple[str, Callable[[], tuple[Callable, tuple]]]]:
+  """The tables to measure: (label, build the loss and its arguments)."""
+  if args.hf:
+    return [(f"Hugging Face Flax {name}, unrolled, remat_modules",
+             lambda name=name: hf_loss(name, args.seq, args.batch))
+            for name in HF_MODELS]
   cfg = shape(args.layers, args.seq, args.batch)
-  print(f"config gpt2-small cut to {cfg.num_layers} layers x {cfg.d_model}, "
-        f"batch {cfg.batch_size}, seq {cfg.seq_len}, {cfg.dtype} activations, "
-        f"{cfg.param_dtype} parameters; step: jax.jit(jax.grad(loss)); "
-        f"policies: {', '.join(args.policies)}")
-  worst: tuple[float, str] | None = None
-  tables = kept_order = kept_tables = pairs = peak_right = kept_right = 0
-  predict_total = compile_total = 0.0
+  out = []
   for layout, core, framework in itertools.product(args.layouts, args.attention,
                                                    args.frameworks):
-    label = f"{layout}, {core} attention, {framework}"
+    out.append((f"{layout}, {core} attention, {framework}",
+                lambda layout=layout, core=core, framework=framework:
+                models.build_loss(cfg, scan=layout == "scan", attention=core,
+                                  framework=framework)))
+  return out
+
+
+def accuracy(args) -> int:
+  cfg = shape(args.layers, args.seq, args.batch)
+  if args.hf:
+    print(f"config Hugging Face Flax {', '.join(HF_MODELS)}: 4 layers x 256, "
+          f"batch {args.batch}, seq {args.seq}, bfloat16 activations, float32 "
+          "parameters; blocks made regions by rt.remat_modules; step: "
+          f"jax.jit(jax.grad(loss)); policies: {', '.join(args.policies)}")
+  else:
+    print(f"config gpt2-small cut to {cfg.num_layers} layers x {cfg.d_model}, "
+          f"batch {cfg.batch_size}, seq {cfg.seq_len}, {cfg.dtype} activations, "
+          f"{cfg.param_dtype} parameters; step: jax.jit(jax.grad(loss)); "
+          f"policies: {', '.join(args.policies)}")
+  worst: tuple[float, str] | None = None
+  tables_done = kept_order = kept_tables = pairs = peak_right = kept_right = 0
+  predict_total = compile_total = 0.0
+  for label, build in tables(args):
     print(f"\n## {label}\n")
-    fn, loss_args = models.build_loss(cfg, scan=layout == "scan", attention=core,
-                                      framework=framework)
+    fn, loss_args = build()
     start = time.perf_counter()
     rows = measure(fn, loss_args, args.policies, seconds=args.seconds)
     print_table(rows)
     print(f"({time.perf_counter() - start:.0f} s)")
-    tables += 1
+    tables_done += 1
     kept_order += not disagreements(rows, "xla", "predicted")[1]
     kept_tables += not disagreements(rows, "xla", "kept")[1]
     n, wrong = disagreements(rows, "xla", "predicted", tolerance=0.0)
@@ -229,8 +297,8 @@ def accuracy(args) -> int:
     print(f"time: predicting {predict_total:.1f} s, compiling {compile_total:.1f} s "
           f"({compile_total / predict_total:.1f}x)")
   print(f"worst error {percent(worst[0])} ({worst[1]}); the predicted peak keeps "
-        f"XLA's ranking in {kept_order}/{tables} tables, the kept bytes in "
-        f"{kept_tables}/{tables}; at any gap the predicted peak orders {peak_right}/{pairs} "
+        f"XLA's ranking in {kept_order}/{tables_done} tables, the kept bytes in "
+        f"{kept_tables}/{tables_done}; at any gap the predicted peak orders {peak_right}/{pairs} "
         f"pairs as XLA does, the kept bytes {kept_right}/{pairs}")
   return 0
 
@@ -289,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--seconds", action="store_true",
                       help="also time predicting against compiling, per policy")
+  parser.add_argument("--hf", action="store_true",
+                      help="measure Hugging Face Flax GPT-2, BERT and Llama "
+                           "under rt.remat_modules instead")
   parser.add_argument("--speed", action="store_true",
                       help="only time predict against compile on the 12-layer "
                            "gpt2-small shape (batch 8, seq 1024)")

@@ -217,6 +217,46 @@ def test_dots_saveable_keeps_convs_is_what_jax_keeps(remat3_on):
     assert detected is measured[remat3_on]
 
 
+#: Whether the XLA:CPU of each release computes a parameter's cast once for
+#: both passes of a remat region, and converts a loop's 16-bit stacked input
+#: whole (rt.peak's model follows the probes). None: not yet measured.
+XLA_CPU_MERGES_PARAMETER_CASTS = {"0.10": True, "0.11": None, "0.12": False}
+XLA_CPU_CONVERTS_LOOP_INPUTS = {"0.10": True, "0.11": None, "0.12": False}
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="measured on XLA:CPU")
+def test_xla_merges_parameter_casts_is_what_xla_compiles():
+  """The probe against the compiled program read independently: the number
+  of distinct casts of the first layer's weight in XLA's optimized HLO."""
+  w = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+  x = jax.ShapeDtypeStruct((16, 128), jnp.bfloat16)
+  hlo = jax.jit(jax.grad(compat._cast_layers)).lower([w, w], x).compile()
+  entry = hlo.as_text().split("ENTRY", 1)[1]
+  param = next(line.split("=")[0].strip() for line in entry.splitlines()
+               if "parameter(0)" in line)
+  readers = [line for line in entry.splitlines()
+             if param in line and not line.strip().startswith(param + " ")]
+  assert compat.xla_merges_parameter_casts() is (len(readers) == 1)
+  measured = XLA_CPU_MERGES_PARAMETER_CASTS.get(_release())
+  if measured is not None:
+    assert compat.xla_merges_parameter_casts() is measured
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="measured on XLA:CPU")
+def test_xla_converts_loop_inputs_whole_is_what_xla_compiles():
+  """The probe against the compiled loop read independently: the loop's
+  operands in XLA's optimized HLO carry the stacked input in float32."""
+  w = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+  xs = jax.ShapeDtypeStruct((12, 16, 128), jnp.bfloat16)
+  hlo = jax.jit(compat._scanned_matmul).lower(w, xs).compile().as_text()
+  loop = next(line for line in hlo.split("ENTRY", 1)[1].splitlines()
+              if " while(" in line)
+  assert compat.xla_converts_loop_inputs_whole() is ("f32[12,16,128]" in loop)
+  measured = XLA_CPU_CONVERTS_LOOP_INPUTS.get(_release())
+  if measured is not None:
+    assert compat.xla_converts_loop_inputs_whole() is measured
+
+
 def test_declared_jax_range_covers_this_release():
   import importlib.metadata
   import re as re_

@@ -10,11 +10,15 @@ does to buffers is modelled from the program alone, nothing is compiled:
   never stored, except a cast read again by the other pass (the backward
   pass reading a forward cast), which is stored. A transpose that only
   feeds matmuls becomes the matmul's operand layout.
-- **No common subexpressions across passes.** XLA may merge the forward
-  pass's cast of a parameter with the one the backward pass makes again
-  (then it lives from the forward pass to the backward pass); measured on
-  the GPT-2 shapes it does so under some policies only, so casts are
-  counted where the program makes them.
+- **Common subexpressions.** Where XLA merges them (the jax 0.10 XLA:CPU
+  does, across remat's optimization barriers; ``merge_argument_casts``), an
+  elementwise function or transpose of the step's arguments alone (a
+  parameter cast to bfloat16) is computed once for both passes, so it lives
+  from its first use to its last; elsewhere each pass casts again.
+- **In place.** A value an elementwise op turns into an output (a
+  gradient's last sum, its cast to the parameter's dtype) and that dies
+  there is written in the output's buffer, as XLA shares an operand's
+  buffer with its result.
 - **Names and barriers.** ``checkpoint_name``, ``optimization_barrier`` and
   the ``reduce_precision`` JAX puts after a name (it keeps every bit) are
   identities: the named value is the value.
@@ -24,15 +28,19 @@ does to buffers is modelled from the program alone, nothing is compiled:
 - **Arguments and outputs** are held for the whole step, as XLA allocates
   them (its ``memory_analysis()`` counts ``argument + output + temp``).
 - **XLA:CPU** computes 16-bit matmuls in float32: each 16-bit operand is
-  stored again in float32 and the product comes out in float32, and a
-  16-bit stacked input a loop's body multiplies is converted whole before
-  the loop (``upcast_low_precision_matmuls``).
+  stored again in float32 and the product comes out in float32 (a product
+  the other pass reads is kept in 16 bits; an operand it reads waits in 16
+  bits too unless XLA merges the two passes' conversions) and, where XLA
+  does (``convert_loop_inputs``), a 16-bit stacked input a loop's body
+  multiplies is converted whole before the loop
+  (``upcast_low_precision_matmuls``).
 
-The walk follows the program's order. XLA's scheduler may run work earlier
-(a remat region's recomputation depends only on what was kept): with many
-layers unrolled, XLA's peak is then higher than predicted (12 unrolled GPT-2
-small layers on XLA:CPU: 30-42% under, ``benchmarks/peak_accuracy.py
---speed``); a loop (``scan``) keeps the order.
+Where XLA's passes differ between releases (the merged casts, the loop's
+conversions), ``compat`` probes the backend once with a tiny program and the
+model follows what it finds. The walk follows the program's order, which
+XLA's scheduler keeps closely enough on the shapes measured
+(``benchmarks/peak_accuracy.py``); the known gaps are in the docs' "Predict
+the step's peak" page.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -76,6 +84,7 @@ lgamma digamma select_n clamp convert_element_type reduce_precision
 eq ne lt le gt ge and or not xor shift_left shift_right_logical
 shift_right_arithmetic population_count nextafter real imag conj complex
 broadcast_in_dim reshape squeeze expand_dims iota stop_gradient copy copy_p
+one_minus_square
 """.split())
 # Consumers an elementwise producer fuses into as well (input fusion).
 _REDUCTIONS = frozenset("""
@@ -186,10 +195,16 @@ class _Program:
   """A step flattened to one list of ops: call-like bodies inlined, loops
   and branches kept whole with the transient peak of their bodies."""
 
-  def __init__(self, upcast: bool):
+  def __init__(self, upcast: bool, merge: bool, convert_loop_inputs: bool):
     self.ops: list[_Op] = []
     self.values: list[_Value] = []
     self.upcast = upcast
+    self.merge = merge
+    self.convert_loop_inputs = convert_loop_inputs
+    # Casts and layout changes of the step's arguments, computed once
+    # (XLA's common subexpressions, across remat's barriers too).
+    self._merged: dict[tuple, list[int]] = {}
+    self._of_arguments: set[int] = set()
 
   def new_value(self, aval: Any, op: int | None) -> int:
     self.values.append(_Value(aval, nbytes_of(aval), op))
@@ -232,19 +247,39 @@ class _Program:
                env: dict[Any, int], path: str, backward: bool) -> None:
     prim = eqn.primitive.name
     subs = _jaxpr.sub_jaxprs(eqn)
+    key = self._merge_key(eqn, ins) if not subs else None
+    if key is not None and key in self._merged:
+      for o, v in zip(eqn.outvars, self._merged[key], strict=True):
+        env[o] = v
+      return
     op = len(self.ops)
     outs = [self.new_value(o.aval, op) for o in eqn.outvars]
     for o, v in zip(eqn.outvars, outs, strict=True):
       env[o] = v
     inner: tuple[LiveValue, ...] = ()
     for sub in subs:
-      found = _body_peak(sub, self.upcast, path, backward)
+      found = _body_peak(sub, self, path, backward)
       if sum(v.nbytes for v in found) > sum(v.nbytes for v in inner):
         inner = found
     if compat.is_scan(eqn):
       inner += self._loop_copies(eqn, path, backward)
     self.ops.append(_Op(prim, ins, outs, eqn, inner=sum(v.nbytes for v in inner),
                         inner_live=inner, path=path, backward=backward))
+    if key is not None:
+      self._merged[key] = outs
+      self._of_arguments.update(outs)
+
+  def _merge_key(self, eqn: JaxprEqn, ins: list[int | None]) -> tuple | None:
+    """What identifies an elementwise function of the step's arguments alone
+    (a parameter cast to bfloat16), which XLA computes once for both passes."""
+    if (not self.merge or not ins
+        or eqn.primitive.name not in _ELEMENTWISE | {"transpose"}):
+      return None
+    if not all(i is not None and (self.values[i].op is None
+                                  or i in self._of_arguments) for i in ins):
+      return None
+    params = repr(sorted((k, repr(v)) for k, v in eqn.params.items()))
+    return (eqn.primitive.name, tuple(ins), params)
 
   def _loop_copies(self, eqn: JaxprEqn, path: str, backward: bool
                    ) -> tuple[LiveValue, ...]:
@@ -253,7 +288,7 @@ class _Program:
     body = _jaxpr.sub_jaxprs(eqn)[0]
     first_xs = compat.scan_num_consts(eqn) + compat.scan_num_carry(eqn)
     out = []
-    if self.upcast:
+    if self.upcast and self.convert_loop_inputs:
       multiplied = _matmul_operands(body)
       for k in range(first_xs, len(eqn.invars)):
         inner_var = body.invars[k]
@@ -308,10 +343,10 @@ def _join(prefix: str, path: str) -> str:
   return f"{prefix}/{path}"
 
 
-def _body_peak(body: Jaxpr, upcast: bool, path: str, backward: bool
+def _body_peak(body: Jaxpr, outer: _Program, path: str, backward: bool
                ) -> tuple[LiveValue, ...]:
   """The largest set of transients one run of ``body`` holds at once."""
-  program = _Program(upcast)
+  program = _Program(outer.upcast, outer.merge, outer.convert_loop_inputs)
   env = {v: program.new_value(v.aval, None)
          for v in [*body.constvars, *body.invars]}
   program.add(body, env, path, backward)
@@ -338,6 +373,7 @@ class _Simulation:
     if program.upcast:
       self._upcast_matmul_operands()
     self._stored: dict[int, bool] = {}
+    self._write_into_outputs()
     self.peak_transients, self.peak_at, self.peak_set = self._run()
 
   def _source(self, v: int | None) -> int | None:
@@ -355,12 +391,56 @@ class _Simulation:
         continue
       for i in op.ins:
         src = self._source(i)
-        if src is not None and values[src].op is not None and _is_low_precision(
-            values[src].aval):
+        # An operand the other pass reads waits in 16 bits, each pass
+        # converting it for itself, unless XLA merges the two conversions.
+        if (src is not None and values[src].op is not None
+            and _is_low_precision(values[src].aval)
+            and (self.program.merge or not self._crosses(src))):
           self.size[src] = 2 * values[src].nbytes
       for o in op.outs:
-        if _is_low_precision(values[o].aval):
+        # A product the other pass reads is kept as the program types it;
+        # its float32 form lives only while this pass uses it.
+        if _is_low_precision(values[o].aval) and not self._crosses(o):
           self.size[o] = 2 * values[o].nbytes
+
+  def _crosses(self, v: int) -> bool:
+    """Whether the other pass reads ``v``."""
+    ops, producer = self.program.ops, self.program.values[v].op
+    backward = producer is not None and ops[producer].backward
+    return any(ops[c].backward != backward for c in self.consumers.get(v, []))
+
+  def _write_into_outputs(self) -> None:
+    """A value an elementwise op (or a transpose) turns into an output (a
+    gradient's last sum) is written in that output's buffer when it dies
+    there: XLA shares an operand's buffer with the result."""
+    values = self.program.values
+    self._last = {v: max(cs) for v, cs in self.consumers.items()}
+    for o in self.outputs:
+      path = self._into(o, values[o].nbytes, 0)
+      for v in path:
+        self.size[v] = 0
+
+  def _into(self, o: int, room: int, depth: int) -> list[int]:
+    """The values along the chain of in-place producers of ``o`` with the
+    most stored bytes."""
+    values, ops = self.program.values, self.program.ops
+    k = values[o].op
+    if k is None or depth > 8:
+      return []
+    op = ops[k]
+    if op.primitive not in _ELEMENTWISE | {"transpose"} or len(op.outs) != 1:
+      return []
+    elements = np.prod(_shape(values[o].aval))
+    best: list[int] = []
+    for i in op.ins:
+      if (i is None or values[i].op is None or i in self.outputs
+          or self._last.get(i) != k or self.size[i] > room
+          or np.prod(_shape(values[i].aval)) != elements):
+        continue
+      path = [i, *self._into(i, room, depth + 1)]
+      if sum(self.size[v] for v in path) > sum(self.size[v] for v in best):
+        best = path
+    return best
 
   def stored(self, v: int) -> bool:
     """Whether XLA gives value ``v`` a buffer (it is not fused away)."""
@@ -421,7 +501,9 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
                  arg_paths: Sequence[str] | None = None,
                  out_paths: Sequence[str] | None = None,
                  donated: Sequence[bool] | None = None,
-                 upcast_low_precision_matmuls: bool = False) -> LivenessPeak:
+                 upcast_low_precision_matmuls: bool = False,
+                 merge_argument_casts: bool = False,
+                 convert_loop_inputs: bool = False) -> LivenessPeak:
   """The peak bytes of ``jaxpr`` as one XLA program, and what is live then.
 
   Args:
@@ -434,8 +516,13 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
     donated: per invar, whether the step donates it (an output of its type
       then reuses its buffer, as ``memory_analysis()``'s alias bytes say).
     upcast_low_precision_matmuls: XLA:CPU's float32 matmuls (see above).
+    merge_argument_casts: whether XLA computes a cast of an argument once
+      for both passes (see above; ``compat.xla_merges_parameter_casts``).
+    convert_loop_inputs: whether XLA converts a loop's 16-bit stacked
+      inputs to float32 whole (``compat.xla_converts_loop_inputs_whole``).
   """
-  program = _Program(upcast_low_precision_matmuls)
+  program = _Program(upcast_low_precision_matmuls, merge_argument_casts,
+                     convert_loop_inputs)
   env: dict[Any, int] = {}
   for v in jaxpr.constvars:
     env[v] = program.new_value(v.aval, None)
@@ -508,7 +595,7 @@ def _transients(sim: _Simulation) -> list[LiveValue]:
   values, ops = sim.program.values, sim.program.ops
   out = []
   for v, size in sorted(sim.peak_set.items(), key=lambda kv: -kv[1]):
-    if v in sim.held:
+    if v in sim.held or not size:  # an output's or held buffer
       continue
     value = values[v]
     op = ops[value.op] if value.op is not None else None

@@ -227,7 +227,10 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
   backend = jax.default_backend()
   predicted = liveness.predict_peak(
       jaxpr, arg_phases, out_phases=out_phases, arg_paths=labels,
-      out_paths=out_labels, donated=donated, upcast_low_precision_matmuls=backend == "cpu")
+      out_paths=out_labels, donated=donated,
+      upcast_low_precision_matmuls=backend == "cpu",
+      merge_argument_casts=compat.xla_merges_parameter_casts(),
+      convert_loop_inputs=compat.xla_converts_loop_inputs_whole())
   live = tuple(
       LiveTensor(v.shape, v.dtype, v.nbytes, v.phase,
                  v.module_path if v.primitive in ("argument", "output", "constant")

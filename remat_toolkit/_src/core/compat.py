@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
@@ -332,6 +334,63 @@ def remat3_offloads() -> bool:
           jax.checkpoint_policies.nothing_saveable)
   except Exception:  # noqa: BLE001 - a release that refuses it cannot offload
     return False
+
+
+def _cast_layer(w: Any, x: Any) -> Any:
+  return jnp.tanh(x @ w.astype(jnp.bfloat16)).astype(jnp.float32)
+
+
+def _cast_layers(ws: list[Any], x: Any) -> Any:
+  for w in ws:
+    x = jax.checkpoint(_cast_layer)(w, x) + x
+  return x.sum()
+
+
+@functools.cache
+def xla_merges_parameter_casts() -> bool:
+  """Whether XLA computes a parameter's cast once for both passes of a remat
+  region on the default backend (the jax 0.10 XLA:CPU does; the jax 0.12 one
+  casts again in the backward pass).
+
+  Probed by compiling a two-layer step and counting the instructions that
+  read the first layer's parameter: one when the casts are merged.
+  """
+  w = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+  x = jax.ShapeDtypeStruct((16, 128), jnp.bfloat16)
+  try:
+    text = jax.jit(jax.grad(_cast_layers)).lower([w, w], x).compile().as_text()
+  except Exception:  # noqa: BLE001 - a backend that cannot say: not merged
+    return False
+  entry = (text or "").split("ENTRY", 1)[-1]
+  found = re.search(r"%(\S+) = \S+ parameter\(0\)", entry)
+  if found is None:
+    return False
+  operand = re.compile(rf"%{re.escape(found.group(1))}\b(?!\s*=)")
+  return sum(len(operand.findall(line)) for line in entry.splitlines()) == 1
+
+
+def _scanned_matmul(w: Any, xs: Any) -> Any:
+  def body(carry: Any, x: Any) -> tuple[Any, None]:
+    return carry + (x @ w.astype(jnp.bfloat16)).astype(jnp.float32), None
+  return jax.lax.scan(body, jnp.zeros(xs.shape[1:], jnp.float32), xs)[0]
+
+
+@functools.cache
+def xla_converts_loop_inputs_whole() -> bool:
+  """Whether XLA, on the default backend, converts a loop's 16-bit stacked
+  input its body multiplies to float32 whole, before the loop (the jax 0.10
+  XLA:CPU does; the jax 0.12 one multiplies the 16-bit slices).
+
+  Probed by compiling a scan of a bfloat16 matmul and looking for the
+  float32 copy of its stacked input outside the loop.
+  """
+  w = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+  xs = jax.ShapeDtypeStruct((12, 16, 128), jnp.bfloat16)
+  try:
+    text = jax.jit(_scanned_matmul).lower(w, xs).compile().as_text()
+  except Exception:  # noqa: BLE001 - a backend that cannot say: not converted
+    return False
+  return "f32[12,16,128]" in (text or "").split("ENTRY", 1)[-1]
 
 
 @functools.cache

@@ -1,0 +1,85 @@
+"""The buffer model behind rt.peak's prediction, rule by rule, on steps small
+enough to follow by hand (the prediction against XLA's figure is in
+tests/test_peak.py)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from remat_toolkit._src.analysis import liveness
+from remat_toolkit._src.core import compat
+
+BF16 = jnp.bfloat16
+W = jnp.ones((256, 256))
+W_BYTES = 256 * 256 * 4
+
+
+def _peak(fn, args, argnums, phases, **options):
+  step = jax.make_jaxpr(jax.grad(fn, argnums=argnums))(*args)
+  return liveness.predict_peak(step.jaxpr, phases, **options)
+
+
+def test_a_gradient_is_written_in_its_output_buffer():
+  """dW = transpose(x^T g): the product dies in the transpose that makes the
+  output, so XLA writes it in the output's buffer: held are w, x, dW and the
+  forward's x @ w, never a second (256, 256) buffer."""
+  x = jnp.ones((8, 256))
+  peak = _peak(lambda w, x: jnp.tanh(x @ w).sum(), (W, x), 0,
+               ["parameter", "input"])
+  assert peak.bytes == 2 * W_BYTES + 2 * x.size * 4
+  assert not [v for v in peak.live
+              if v.primitive == "dot_general" and v.shape == (256, 256)]
+
+
+def test_a_16_bit_product_the_backward_reads_is_kept_in_16_bits():
+  """XLA:CPU multiplies bfloat16 in float32, but the product the backward
+  pass reads waits in bfloat16."""
+  x = jnp.ones((512, 256))
+
+  def f(w1, w2, x):
+    xb = x.astype(BF16)
+    return ((xb @ w1.astype(BF16)) * (xb @ w2.astype(BF16))).astype(
+        jnp.float32).sum()
+  peak = _peak(f, (W, W, x), (0, 1), ["parameter", "parameter", "input"],
+               upcast_low_precision_matmuls=True)
+  kept = [v for v in peak.live
+          if v.phase == "kept residual" and v.primitive == "dot_general"]
+  assert kept and all(v.dtype == "bfloat16" and v.nbytes == 512 * 256 * 2
+                      for v in kept)
+
+
+def _two_cast_layers(ws, x):
+  for w in ws:
+    x = jax.checkpoint(lambda w, x: jnp.tanh(x @ w.astype(BF16)))(w, x) + x
+  return x.astype(jnp.float32).sum()
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_a_parameter_is_cast_once_where_xla_merges_the_casts(merge):
+  """The backward pass casts the first layer's weight again (remat); where
+  XLA merges the two casts the model holds one, else two."""
+  x = jnp.ones((16, 256), BF16)
+  step = jax.make_jaxpr(jax.grad(_two_cast_layers))([W, W], x)
+  program = liveness._Program(upcast=True, merge=merge,
+                              convert_loop_inputs=False)
+  env = {v: program.new_value(v.aval, None) for v in step.jaxpr.invars}
+  program.add(step.jaxpr, env)
+  first = env[step.jaxpr.invars[0]]
+  casts = [op for op in program.ops
+           if op.primitive == "convert_element_type" and op.ins == [first]]
+  assert len(casts) == (1 if merge else 2)
+
+
+@pytest.mark.parametrize("convert", [True, False])
+def test_a_loops_16_bit_stacked_input_converted_whole_where_xla_does(convert):
+  """The jax 0.10 XLA:CPU converts a scan's bfloat16 stacked input its body
+  multiplies to float32 before the loop: one more buffer, twice the input."""
+  xs = jax.ShapeDtypeStruct((12, 16, 128), BF16)
+  w = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+  step = jax.make_jaxpr(compat._scanned_matmul)(w, xs)
+  peak = liveness.predict_peak(step.jaxpr, ["parameter", "input"],
+                               upcast_low_precision_matmuls=True,
+                               convert_loop_inputs=convert)
+  copies = [v for v in peak.live if v.shape == (12, 16, 128)
+            and v.dtype == "float32"]
+  assert [v.nbytes for v in copies] == ([12 * 16 * 128 * 4] if convert else [])
