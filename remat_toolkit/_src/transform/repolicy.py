@@ -35,6 +35,7 @@ from remat_toolkit._src.policies import lowering
 from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.policies.findings import brief
 from remat_toolkit._src.policies.resolve import PolicyLike
 from remat_toolkit._src.transform.trace_cache import is_array
 
@@ -92,6 +93,7 @@ def _rewrite(program: Any, policy: PolicyLike,
              patterns: tuple[str, ...] | None) -> tuple[Any, list[str]]:
   """``program`` with each selected region's policy replaced; the keys."""
   keys: list[str] = []
+  seen: list[str] = []  # every region's key, selected or not
   hits: set[str] = set()
   arguments = _jaxpr.argument_vars(program)
 
@@ -100,6 +102,7 @@ def _rewrite(program: Any, policy: PolicyLike,
       return None
     old_body = compat.remat_body_of(eqn)
     key = _region_key(eqn, old_body)  # outer first, as tracing numbers them
+    seen.append(key)
     body = recurse(old_body)
     if not _selected(key, patterns, hits):
       return None if body is old_body else compat.with_remat(
@@ -118,7 +121,7 @@ def _rewrite(program: Any, policy: PolicyLike,
         eqn, body, lowering.region_jax_policy(region, names, mask))
 
   new = _jaxpr.rewrite(program, on_eqn)
-  _warn_unmatched_patterns(patterns, hits, keys)
+  _warn_unmatched_patterns(patterns, hits, seen)
   return new, keys
 
 
@@ -128,7 +131,7 @@ def _warn_unmatched_patterns(patterns: tuple[str, ...] | None,
   if missing:
     warnings.warn(
         f"repolicy's regions {missing} match no remat region of the function "
-        f"(its regions: {sorted(set(keys)) or 'none matched any pattern'}); "
+        f"(its regions: {brief(sorted(set(keys)), 8) if keys else 'none'}); "
         "those regions keep their own policies. Name a region's module path, "
         "e.g. regions='layers_*'.", UserWarning, stacklevel=4)
 
