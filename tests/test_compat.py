@@ -945,3 +945,16 @@ def test_jax_reads_the_remat3_flag_from_the_environment(value, expected):
       env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == str(expected)
+
+
+def test_is_linen_remat_knows_flax_lifted_checkpoint_classes():
+  import flax.linen as nn
+
+  class Block(nn.Module):
+    def __call__(self, x):
+      return x
+
+  assert compat.is_linen_remat(nn.remat(Block)())
+  assert compat.is_linen_remat(nn.checkpoint(Block)())
+  assert not compat.is_linen_remat(Block())
+  assert not compat.is_linen_remat(nn.jit(Block)())

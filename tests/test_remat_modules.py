@@ -400,3 +400,45 @@ def test_the_first_analysis_in_a_fresh_process_counts_every_region():
   # block's names were not yet known, and its residuals were dropped.
   ours, theirs = run_on_simulated_devices(_FIRST_CALL_SCRIPT, count=1)
   assert ours == theirs > 0
+
+
+# --------------------------------------------- inside the model's own remat
+
+class _SelfRematted(nn.Module):
+  """Blocks the model already wraps in nn.remat (Hugging Face's
+  gradient_checkpointing, recurrentgemma's default)."""
+  remat_blocks: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    block = nn.remat(Mlp) if self.remat_blocks else Mlp
+    for i in range(2):
+      x = block(name=f"layers_{i}")(x)
+    return x
+
+
+def _shadow_warnings(model, policy):
+  model = rt.remat_modules(model)
+  params = model.init(jax.random.key(0), X)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with rt.use_policy(policy):
+      jax.grad(lambda p: model.apply(p, X).sum())(params)
+  return [str(w.message) for w in caught if "model's own remat" in str(w.message)]
+
+
+def test_training_inside_the_models_own_remat_warns_once(remat_mode,
+                                                         fresh_trace_warnings):
+  """The policy changes nothing inside nn.remat: said at trace time, once,
+  naming the model's region and the fix."""
+  said = _shadow_warnings(_SelfRematted(), "save-everything")
+  assert len(said) == 1
+  assert "'layers_0'" in said[0] and "CheckpointMlp" in said[0]
+  assert "rt.repolicy" in said[0] and "'save-everything'" in said[0]
+  assert not _shadow_warnings(_SelfRematted(), "save-everything")  # once
+
+
+def test_no_shadow_warning_without_the_models_remat_or_with_boundary_only(
+    remat_mode, fresh_trace_warnings):
+  assert not _shadow_warnings(_SelfRematted(remat_blocks=False), "save-everything")
+  assert not _shadow_warnings(_SelfRematted(), "boundary-only")

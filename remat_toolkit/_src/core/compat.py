@@ -995,6 +995,17 @@ def linen_lift_transform(transform: Callable[..., Any], target: Any,
   return linen_transforms.lift_transform(transform, target, **kwargs)
 
 
+def is_linen_remat(module: Any) -> bool:
+  """Whether ``module`` was made by Flax's ``nn.remat`` / ``nn.checkpoint``.
+
+  Flax's lifted transforms subclass the module class they lift and name the
+  subclass after the transform (``nn.remat(Block)`` is ``CheckpointBlock``);
+  detected by that shape, so it holds for every linen release we support.
+  """
+  bases = type(module).__mro__[1:2]
+  return bool(bases) and type(module).__name__ == "Checkpoint" + bases[0].__name__
+
+
 def linen_decorator_lift_transform(transform: Callable[..., Any],
                                    method: Callable[..., Any],
                                    **kwargs: Any) -> Callable[..., Any]:

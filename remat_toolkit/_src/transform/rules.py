@@ -29,7 +29,10 @@ import jax
 
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core.globs import glob_match
+from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies import tags
+from remat_toolkit._src.policies.findings import Finding
+from remat_toolkit._src.policies.findings import warn_at_trace
 from remat_toolkit._src.policies.resolve import PolicyLike
 from remat_toolkit._src.transform import discovery
 from remat_toolkit._src.transform import nnx_paths
@@ -136,6 +139,9 @@ class _LinenCall:
   matched: set[str] = dataclasses.field(default_factory=set)
   regions: dict[str, str] = dataclasses.field(default_factory=dict)
   applications: dict[str, int] = dataclasses.field(default_factory=dict)
+  # Paths of the model's own nn.remat modules, by class name.
+  foreign: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)
+  shadow_said: bool = False
 
 
 _linen_call: contextvars.ContextVar[_LinenCall | None] = contextvars.ContextVar(
@@ -153,7 +159,11 @@ def _linen_interceptor(rules: _Rules, tag_outputs: bool):
   def interceptor(next_fun, args, kwargs, ctx):
     state = _linen_call.get()
     module = ctx.module
-    if state is None or ctx.method_name != "__call__" or module.scope is None:
+    if state is None or module.scope is None:
+      return next_fun(*args, **kwargs)
+    if compat.is_linen_remat(module):
+      state.foreign.setdefault(_lifted_path(module), type(module).__name__)
+    if ctx.method_name != "__call__":
       return next_fun(*args, **kwargs)
     path = tuple(str(p) for p in module.path)
     class_name = type(module).__name__
@@ -172,6 +182,7 @@ def _linen_interceptor(rules: _Rules, tag_outputs: bool):
       return out
     if not hits:
       return next_fun(*args, **kwargs)
+    _warn_if_shadowed(state, path, hits[0][1])
     state.regions.setdefault("/".join(path), class_name)
     # A shared layer applied N times is one region module, N regions in JAX.
     state.applications["/".join(path)] = (
@@ -179,6 +190,42 @@ def _linen_interceptor(rules: _Rules, tag_outputs: bool):
     return _open_region(state, module, path, hits[0][1], args, kwargs)
 
   return interceptor
+
+
+def _lifted_path(module: Any) -> tuple[str, ...]:
+  """The path of a lifted module whose wrapper (not its ``__call__``) runs:
+  the wrapper runs in its parent's scope."""
+  path = tuple(str(p) for p in module.path)
+  if module.name is not None and (not path or path[-1] != str(module.name)):
+    path = tuple(str(p) for p in module.scope.path) + (str(module.name),)
+  return path
+
+
+def _warn_if_shadowed(state: _LinenCall, path: tuple[str, ...],
+                      policy: PolicyLike) -> None:
+  """Says so, once, when the model's own ``nn.remat`` is or encloses a
+  module made a region: the model's region recomputes everything in it by
+  its own policy, so a policy asked for here changes nothing."""
+  outer = next((p for p in (path[:k] for k in range(len(path), -1, -1))
+                if p in state.foreign), None)
+  if outer is None or state.shadow_said:
+    return
+  state.shadow_said = True  # once per trace: the first region names the rest
+  asked = (resolve.current_policy() if policy is None
+           else resolve.resolve_policy(policy))
+  if asked.name == "boundary-only":  # nothing to lose: it keeps the inputs
+    return
+  where = "/".join(path)
+  warn_at_trace(Finding(
+      f"remat_modules made {where!r} (and any like it) a region, but the "
+      "model's own remat "
+      f"region {'/'.join(outer)!r} ({state.foreign[outer]}, "
+      "made by nn.remat) is or encloses it: the model's region recomputes "
+      "everything in it by its own policy, so policy "
+      f"{asked.name!r} changes nothing there. Re-policy the model's own "
+      "regions instead, rt.repolicy(loss, policy), or turn the model's remat "
+      "off (Hugging Face: gradient_checkpointing=False).",
+      "shadowed", asked.name))
 
 
 def _open_region(state: _LinenCall, module: Any, path: tuple[str, ...],
