@@ -99,3 +99,26 @@ def test_peak_options_are_checked():
     rt.plan(loss, *ARGS, budget="1MiB", compile=True)
   with pytest.raises(TypeError, match="compile must be True or False"):
     rt.plan(loss, *ARGS, budget="1MiB", bounds="peak", compile="yes")
+  with pytest.raises(ValueError, match="optimizer= bounds the train step's "
+                     "peak; it needs bounds='peak'"):
+    rt.plan(loss, *ARGS, budget="1MiB", optimizer="adamw")
+  with pytest.raises(ValueError, match="Unknown optimizer 'adamx'"):
+    rt.plan(loss, *ARGS, budget="1MiB", bounds="peak", optimizer="adamx")
+
+
+def test_a_train_step_budget_holds_the_optimizer_state():
+  """With optimizer=, the budget bounds the optax train step: a budget that
+  fits jax.grad's peak under every policy fits no train step, and the plan
+  for a larger one is the train step's peak as rt.peak predicts it."""
+  grad_most = rt.peak(loss, *ARGS, policy="save-everything").bytes
+  step_least = rt.peak(loss, *ARGS, policy="boundary-only",
+                       optimizer="adamw").bytes
+  assert grad_most < step_least  # Adam's two moments: more than any policy
+  with pytest.raises(ValueError, match="No policy fits the peak budget"):
+    rt.plan(loss, *ARGS, budget=grad_most, bounds="peak", optimizer="adamw")
+  step_most = rt.peak(loss, *ARGS, policy="save-everything",
+                      optimizer="adamw").bytes
+  p = rt.plan(loss, *ARGS, budget=step_most, bounds="peak", optimizer="adamw")
+  assert p.peak_bytes == rt.peak(loss, *ARGS, policy=p.policy,
+                                 optimizer="adamw").bytes
+  assert p.peak_bytes <= step_most

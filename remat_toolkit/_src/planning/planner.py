@@ -83,6 +83,7 @@ from typing import TypeVar
 
 import jax
 
+from remat_toolkit._src.analysis.breakdown import resolve_optimizer
 from remat_toolkit._src.analysis.diagnose import region_warnings
 from remat_toolkit._src.analysis.peak import StepBuilder
 from remat_toolkit._src.analysis.peak import program_peak
@@ -200,9 +201,11 @@ class Planner:
                allow_offload: bool = False,
                host_bandwidth: float = DEFAULT_HOST_BANDWIDTH,
                device_flops: float = DEFAULT_DEVICE_FLOPS,
-               per_device: bool = False):
+               per_device: bool = False, optimizer: Any = None):
     _check_rates(allow_offload, host_bandwidth, device_flops)
     check_per_device(per_device)
+    # bounds="peak" bounds the optax train step when given one.
+    self._optimizer = None if optimizer is None else resolve_optimizer(optimizer)
     program = TracedProgram(fn, args)
     self.per_device = check_per_device(per_device, program)
     if program.regions == 0:
@@ -301,7 +304,8 @@ class Planner:
     found = cache.get(policy)
     if found is None:
       if self._step is None:
-        self._step = StepBuilder(self.program, self._num_params)
+        self._step = StepBuilder(self.program, self._num_params,
+                                 self._optimizer)
       found = cache[policy] = program_peak(
           self._step, policy, compile=compile,
           kept_bytes=outcome.report.activation_bytes)
@@ -658,8 +662,16 @@ def _cached_solve(solve: Callable[[int], _Found | None],
   return cached
 
 
-def _check_peak_options(bounds: str, compile: Any, per_device: bool) -> None:
+def _check_peak_options(bounds: str, compile: Any, per_device: bool,
+                        optimizer: Any = None) -> None:
   _check_flag("compile", compile)
+  if optimizer is not None:
+    resolve_optimizer(optimizer)  # a clear error for a bad one, first
+    if bounds != PEAK:
+      raise ValueError(
+          f"optimizer= bounds the train step's peak; it needs bounds='peak' "
+          f"(got bounds={bounds!r}): the other bounds leave the optimizer "
+          "state out of the budget.")
   if compile and bounds != PEAK:
     raise ValueError(
         f"compile=True checks the plan's compiled training step against a "
@@ -723,7 +735,7 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
          group_sizes: Sequence[Any] | None = None,
          max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
          per_layer: bool = False, per_device: bool = False,
-         compile: bool = False) -> Plan:
+         compile: bool = False, optimizer: Any = None) -> Plan:
   """The policy with the least recompute that fits ``budget``.
 
   Args:
@@ -733,7 +745,8 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
     budget: device bytes, as an int or a string such as ``"8GiB"``, for what
       ``bounds`` says. Parameters, gradients and optimizer state are not
       included (see :func:`rt.memory_breakdown`), but with
-      ``bounds="peak"``, where parameters and gradients are.
+      ``bounds="peak"``, where parameters and gradients are (and, with
+      ``optimizer``, the optimizer state).
     bounds: what ``budget`` bounds: ``"kept activations"`` (the activations
       kept for the backward pass; the default without ``groups``),
       ``"estimated peak"`` (kept activations plus one region's internals
@@ -741,7 +754,8 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
       (the training step's predicted peak, as :func:`rt.peak` predicts it
       for ``jax.jit(jax.grad(fn))``: parameters, inputs, gradients and
       everything live at its worst moment, so here the budget *includes*
-      parameters and gradients, though no optimizer state). The plan's
+      parameters and gradients; the optimizer state too with
+      ``optimizer``, which bounds the optax train step). The plan's
       text and :attr:`Plan.bounds` say which. With ``"peak"`` the search
       bisects the kept-bytes limit: each limit's least-recompute plan is
       found as for ``"kept activations"`` and its step's peak predicted
@@ -792,6 +806,10 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
       bisect the kept limit below it again with XLA's figure as the test:
       the plan returned never has an XLA figure over the budget
       (:attr:`Plan.xla_peak_bytes`). Each test compiles a step.
+    optimizer: with ``bounds="peak"``, bound the optax train step's peak
+      instead of ``jax.grad``'s: the optimizer state and the update
+      included, parameters and state donated (a name, e.g. ``"adamw"``, or
+      an optax ``GradientTransformation``; as :func:`rt.peak` takes it).
 
   Returns:
     A :class:`Plan`; its ``warnings`` (each raised once as a ``UserWarning``)
@@ -802,8 +820,9 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
       how much that is), a malformed size, ``fn`` without remat regions,
       offloading where it cannot run, ``bounds='kept activations'`` with
       ``groups``, ``per_device=True`` with unsharded arguments or with
-      ``bounds='peak'``, ``compile=True`` without ``bounds='peak'``, or a
-      first argument without a floating-point leaf with ``bounds='peak'``.
+      ``bounds='peak'``, ``compile=True`` or ``optimizer`` without
+      ``bounds='peak'``, an unknown optimizer name, or a first argument
+      without a floating-point leaf with ``bounds='peak'``.
     TypeError: malformed ``groups``; ``per_layer``, ``per_device`` or
       ``compile`` not a bool.
 
@@ -855,10 +874,11 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
   _check_rates(allow_offload, host_bandwidth, device_flops)
   _check_search(allow_offload, host_budget, max_evaluations)
   check_per_device(per_device)
-  rates = dict(allow_offload=allow_offload, host_bandwidth=host_bandwidth,
-               device_flops=device_flops, per_device=per_device)
   _check_flag("per_layer", per_layer)
-  _check_peak_options(bounds, compile, per_device)
+  _check_peak_options(bounds, compile, per_device, optimizer)
+  rates = dict(allow_offload=allow_offload, host_bandwidth=host_bandwidth,
+               device_flops=device_flops, per_device=per_device,
+               optimizer=optimizer)
   search = dict(host_budget=host_budget, max_evaluations=max_evaluations,
                 per_layer=per_layer, bounds=bounds, compile=compile)
   if groups is None:
