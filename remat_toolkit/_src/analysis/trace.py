@@ -121,6 +121,9 @@ class TracedProgram:
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, tuple[Any, int]] = {}
+    # Residual origins per lowering: policies that lower alike (names the
+    # model lacks) share one walk of the step.
+    self._origins_of: dict[Any, list[_residuals.ResidualOrigin]] = {}
     self._baseline_step: _residuals.TracedStep | None = None
     self.kernel_sites = _jaxpr.kernel_work(closed.jaxpr)
 
@@ -370,8 +373,12 @@ class TracedProgram:
                                  self.recomputed_kernels(policy))
 
   def _origins(self, policy: Policy) -> list[_residuals.ResidualOrigin]:
-    step = self.step(policy)
-    return _residuals.residual_origins(step.jaxpr, 1, step.num_residuals)
+    key = self.lowered(policy)
+    if key not in self._origins_of:
+      step = self.step(policy)
+      self._origins_of[key] = _residuals.residual_origins(
+          step.jaxpr, 1, step.num_residuals)
+    return self._origins_of[key]
 
   def _kernel_findings(self, policy: Policy,
                        origins: Sequence[_residuals.ResidualOrigin],

@@ -657,6 +657,8 @@ def call_body(eqn: JaxprEqn) -> Jaxpr | None:
   loops (``scan``), branches and kernels whose body works on refs
   (``pallas_call``) are not call-like.
   """
+  if is_leaf(eqn):
+    return None
   hidden = hidden_jaxprs(eqn)
   if hidden:
     body = hidden[0]
@@ -691,9 +693,31 @@ def _custom_vjp3_of(eqn: JaxprEqn) -> Any:
   return None
 
 
+#: Primitives seen carrying no jaxpr (an add, a dot): a primitive's
+#: parameters have one schema, so its other equations carry none either.
+#: Walks over a 48-layer step ask this of every equation, for every policy.
+_LEAF_PRIMITIVES: set[Any] = set()
+
+
+def is_leaf(eqn: JaxprEqn) -> bool:
+  """Whether ``eqn`` is known to run no nested jaxpr (cheap; False when
+  not known yet)."""
+  return eqn.primitive in _LEAF_PRIMITIVES
+
+
+def note_leaf(eqn: JaxprEqn) -> None:
+  """Records that ``eqn``'s primitive carries no jaxpr; not the hijax call
+  primitive, which one param (``_prim``) makes a remat3 region, a
+  custom_vjp3 call or anything else."""
+  if eqn.primitive is not _call_hi_primitive_p and "_prim" not in eqn.params:
+    _LEAF_PRIMITIVES.add(eqn.primitive)
+
+
 def hidden_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
   """Jaxprs an equation runs that are no parameter of its own: a remat3
   region's body, a ``jax_custom_vjp3`` call's primal function."""
+  if is_leaf(eqn):
+    return []
   if is_remat(eqn):
     return [remat_body_of(eqn)]
   prim = _custom_vjp3_of(eqn)

@@ -44,10 +44,15 @@ def _jaxpr_params(eqn: JaxprEqn) -> Iterator[tuple[str, int | None, Any]]:
 
 def sub_jaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
   """The jaxprs nested in ``eqn`` (scan/cond/jit/remat/custom rules)."""
+  if compat.is_leaf(eqn):
+    return []
   hidden = compat.hidden_jaxprs(eqn)
   if hidden:
     return hidden
-  return [compat.inner_jaxpr(v) for _, _, v in _jaxpr_params(eqn)]
+  found = [compat.inner_jaxpr(v) for _, _, v in _jaxpr_params(eqn)]
+  if not found:
+    compat.note_leaf(eqn)
+  return found
 
 
 def map_sub_jaxprs(eqn: JaxprEqn, fn: Callable[[Jaxpr], Jaxpr]) -> JaxprEqn:
