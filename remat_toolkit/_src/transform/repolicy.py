@@ -157,7 +157,8 @@ def _run(fn: Callable[..., Any], policy: PolicyLike,
 
   dynamic = [leaves[i] for i in traced]
   closed, out_shape = _jaxpr.trace_program(flat, dynamic)
-  program, keys = _rewrite(compat.inner_jaxpr(closed), policy, patterns)
+  with region_keys.counting():  # positions count afresh in each program
+    program, keys = _rewrite(compat.inner_jaxpr(closed), policy, patterns)
   if not keys and patterns is None:
     _warn_no_regions()
   outs = compat.eval_jaxpr(program, compat.jaxpr_consts(closed), *dynamic)
