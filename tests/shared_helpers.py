@@ -51,6 +51,10 @@ test using a name outside its module's ``__all__``.
   ``core.jaxpr`` -- internal invariants whose only visible effect is that
   public figures do not change (identical layers traced as one shared body),
   and the jaxpr walks ``rt.verify`` and the residual origins rest on.
+- ``test_peak_model.py``: ``analysis.liveness`` -- white-box:
+  the peak's buffer model rule by rule (merged casts, in-place outputs, 16-bit
+  products, loop conversions), each switched on and off as the compatibility
+  layer's probes would, which no result can do on one JAX release.
 - ``test_verify.py``: ``analysis.verify`` -- white-box: the norm-wise gradient
   comparison, whose edge cases (NaN, zero leaves) no small model reaches.
 - ``test_warnings.py``: ``policies.findings`` -- white-box: the one switch that

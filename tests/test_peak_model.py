@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import pytest
 
 from remat_toolkit._src.analysis import liveness
-from remat_toolkit._src.core import compat
 
 BF16 = jnp.bfloat16
 W = jnp.ones((256, 256))
@@ -56,18 +55,24 @@ def _two_cast_layers(ws, x):
 
 @pytest.mark.parametrize("merge", [True, False])
 def test_a_parameter_is_cast_once_where_xla_merges_the_casts(merge):
-  """The backward pass casts the first layer's weight again (remat); where
-  XLA merges the two casts the model holds one, else two."""
+  """The backward pass casts each layer's weight again (remat). Where XLA
+  merges the two casts, the forward's cast of every layer waits for the
+  backward pass (kept); where it does not, each pass casts for itself and
+  no cast waits."""
   x = jnp.ones((16, 256), BF16)
   step = jax.make_jaxpr(jax.grad(_two_cast_layers))([W, W], x)
-  program = liveness._Program(upcast=True, merge=merge,
-                              convert_loop_inputs=False)
-  env = {v: program.new_value(v.aval, None) for v in step.jaxpr.invars}
-  program.add(step.jaxpr, env)
-  first = env[step.jaxpr.invars[0]]
-  casts = [op for op in program.ops
-           if op.primitive == "convert_element_type" and op.ins == [first]]
-  assert len(casts) == (1 if merge else 2)
+  peak = liveness.predict_peak(step.jaxpr, ["parameter"] * 3,
+                               upcast_low_precision_matmuls=True,
+                               merge_argument_casts=merge)
+  waiting = [v for v in peak.live if v.phase == "kept residual"
+             and v.primitive == "convert_element_type" and v.shape == W.shape]
+  assert len(waiting) == (2 if merge else 0)
+
+
+def _scanned_matmul(w, xs):
+  def body(carry, x):
+    return carry + (x @ w.astype(BF16)).astype(jnp.float32), None
+  return jax.lax.scan(body, jnp.zeros(xs.shape[1:], jnp.float32), xs)[0]
 
 
 @pytest.mark.parametrize("convert", [True, False])
@@ -76,7 +81,7 @@ def test_a_loops_16_bit_stacked_input_converted_whole_where_xla_does(convert):
   multiplies to float32 before the loop: one more buffer, twice the input."""
   xs = jax.ShapeDtypeStruct((12, 16, 128), BF16)
   w = jax.ShapeDtypeStruct((128, 128), jnp.float32)
-  step = jax.make_jaxpr(compat._scanned_matmul)(w, xs)
+  step = jax.make_jaxpr(_scanned_matmul)(w, xs)
   peak = liveness.predict_peak(step.jaxpr, ["parameter", "input"],
                                upcast_low_precision_matmuls=True,
                                convert_loop_inputs=convert)
