@@ -357,22 +357,19 @@ class _Simulation:
   """Liveness of one flattened program, under the buffer model above."""
 
   def __init__(self, program: _Program, outputs: set[int],
-               held: set[int] | frozenset[int] = frozenset(),
                own_buffers: set[int] | frozenset[int] = frozenset()):
     self.program = program
     self.outputs = outputs
     # Outputs with a buffer of their own (not a donated argument's), which
     # a value can be written in (see _write_into_outputs).
     self.own_buffers = own_buffers
-    # Outputs in buffers of their own: written when made, held to the end
-    # (XLA lays temporaries in them before that).
-    self.held = held
     ops, values = program.ops, program.values
     self.consumers: dict[int, list[int]] = {}
     for k, op in enumerate(ops):
       for i in op.ins:
         if i is not None:
           self.consumers.setdefault(i, []).append(k)
+    self.last = {v: max(cs) for v, cs in self.consumers.items()}
     self.size = [v.nbytes for v in values]
     if program.upcast:
       self._upcast_matmul_operands()
@@ -418,7 +415,6 @@ class _Simulation:
     gradient's last sum) is written in that output's buffer when it dies
     there: XLA shares an operand's buffer with the result."""
     values = self.program.values
-    self._last = {v: max(cs) for v, cs in self.consumers.items()}
     for o in self.own_buffers:
       path = self._into(o, values[o].nbytes, 0)
       for v in path:
@@ -438,7 +434,7 @@ class _Simulation:
     best: list[int] = []
     for i in op.ins:
       if (i is None or values[i].op is None or i in self.outputs
-          or self._last.get(i) != k or self.size[i] > room
+          or self.last.get(i) != k or self.size[i] > room
           or np.prod(_shape(values[i].aval)) != elements):
         continue
       path = [i, *self._into(i, room, depth + 1)]
@@ -462,8 +458,7 @@ class _Simulation:
     # A cast the other pass reads again is stored (JAX's reduce_precision
     # after a checkpoint name, a residual's bfloat16 copy); XLA computes
     # an expensive value again from its stored operands instead.
-    if prim in _CHEAP and any(ops[c].backward != ops[producer].backward
-                              for c in consumers):
+    if prim in _CHEAP and self._crosses(v):
       return True
     if prim == "transpose":
       return not all(ops[c].primitive in _ELEMENTWISE | _REDUCTIONS | _MATMULS
@@ -476,15 +471,13 @@ class _Simulation:
         for c in consumers)
 
   def _run(self) -> tuple[int, int, dict[int, int]]:
-    ops = self.program.ops
-    last = self.last = {v: max(cs) for v, cs in self.consumers.items()}
+    ops, last = self.program.ops, self.last
     live: dict[int, int] = {}
     current = peak = 0
     peak_at, peak_set = -1, {}
     for k, op in enumerate(ops):
       born = {o: self.size[o] for o in op.outs
-              if o in self.held or (o not in self.outputs and o in self.consumers
-                                    and self.stored(o))}
+              if o not in self.outputs and o in self.consumers and self.stored(o)}
       now = current + sum(born.values()) + op.inner
       if now > peak:
         peak, peak_at = now, k
@@ -492,11 +485,8 @@ class _Simulation:
       live.update(born)
       current += sum(born.values())
       for i in set(op.ins):
-        if i is not None and last.get(i) == k and i in live and i not in self.held:
+        if i is not None and last.get(i) == k and i in live:
           current -= live.pop(i)
-    end = {o: self.size[o] for o in self.held}
-    if sum(end.values()) > peak:  # the step's end: every output, nothing else
-      return sum(end.values()), len(ops), end
     return peak, peak_at, peak_set
 
 
@@ -547,12 +537,7 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
   live += list(held.values()) + [v for k, v in kept.items()
                                  if outputs[k] is None or outputs[k] in inputs]
   live += _transients(sim)
-  at_end = sim.peak_at >= len(program.ops)
   op = program.ops[sim.peak_at] if 0 <= sim.peak_at < len(program.ops) else None
-  if at_end:
-    return LivenessPeak(bytes=sum(v.nbytes for v in live), live=tuple(live),
-                        primitive="", module_path="(end of the step)",
-                        backward=True)
   return LivenessPeak(
       bytes=sum(v.nbytes for v in live), live=tuple(live),
       primitive=op.primitive if op is not None else "",
@@ -600,7 +585,7 @@ def _transients(sim: _Simulation) -> list[LiveValue]:
   values, ops = sim.program.values, sim.program.ops
   out = []
   for v, size in sorted(sim.peak_set.items(), key=lambda kv: -kv[1]):
-    if v in sim.held or not size:  # an output's or held buffer
+    if not size:  # written in an output's buffer
       continue
     value = values[v]
     op = ops[value.op] if value.op is not None else None
