@@ -481,6 +481,23 @@ def test_modes_that_keep_a_custom_vjp_differently_say_so(name, policy,
     assert repr(kind.kernel) in warned[0]
 
 
+@pytest.mark.parametrize("name", ["blockwise_named", "splash_named"])
+def test_policies_that_keep_nothing_of_the_kernel_get_no_mode_finding(name):
+  """A kernel whose forward names its residuals: the mode finding goes to
+  the policies that select those names or matmuls, never to one that keeps
+  nothing of the kernel (``boundary-only``, which keeps the same in both)."""
+  _kind(name)
+  reports = {mode: _compared(name, mode).reports for mode in (False, True)}
+  for mode in (False, True):
+    assert not any("remat modes" in w
+                   for w in reports[mode]["boundary-only"].warnings), mode
+  assert (reports[False]["boundary-only"].activation_bytes
+          == reports[True]["boundary-only"].activation_bytes)
+  kept = any("remat modes" in w
+             for w in reports[True][KEEP_KERNEL.name].warnings)
+  assert kept is (not remat3_sees_into_custom_vjp())
+
+
 def test_jax_custom_vjp3_aligns_the_modes_where_this_jax_honours_it():
   _kind("blockwise_named")
   if not (has_custom_vjp3_flag()

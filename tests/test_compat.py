@@ -257,6 +257,42 @@ def test_xla_converts_loop_inputs_whole_is_what_xla_compiles():
     assert compat.xla_converts_loop_inputs_whole() is measured
 
 
+def test_is_computed_tells_arguments_and_constants_from_computed_values():
+  """What decides whether a region's input is worth moving to the host."""
+  const = jnp.ones(3)
+  seen = {}
+
+  def fn(w, x):
+    seen["argument"] = compat.is_computed(w)
+    seen["argument, not differentiated"] = compat.is_computed(x)
+    seen["constant"] = compat.is_computed(const)
+    y = jnp.sin(x) * w
+    seen["computed"] = compat.is_computed(y)
+    jax.vmap(lambda r: seen.setdefault("batched", compat.is_computed(r)))(y)
+
+    def body(carry, xs):
+      seen.setdefault("loop carry", compat.is_computed(carry))
+      return carry * xs, None
+
+    y, _ = jax.lax.scan(body, y, jnp.stack([w, w]))
+    jax.checkpoint(lambda a: seen.setdefault(
+        "checkpoint argument", compat.is_computed(a)) or a)(y)
+    return y.sum()
+
+  jax.jit(jax.grad(fn))(jnp.ones(3), jnp.ones(3))
+  assert seen == {"argument": False, "argument, not differentiated": False,
+                  "constant": False, "computed": True, "batched": True,
+                  "loop carry": True, "checkpoint argument": False}
+  eager = []
+
+  def eager_fn(w):
+    eager.append(compat.is_computed(w))
+    return w.sum()
+
+  jax.grad(eager_fn)(jnp.ones(3))
+  assert eager == [True]  # no program to be an input of: as before
+
+
 def test_declared_jax_range_covers_this_release():
   import importlib.metadata
   import re as re_

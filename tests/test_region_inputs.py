@@ -60,26 +60,71 @@ def _ours(policy, loss=_loss):
 
 
 def _by_hand(jax_policy, named):
-  def body(w, x):
-    if named:
-      w, x = checkpoint_name(w, "block.input"), checkpoint_name(x, "block.input")
+  """The two regions written with ``jax.checkpoint``; ``named``: the second
+  names its input (the first region's output) as a boundary; the weight
+  and the first input are the function's arguments, held anyway."""
+  def body(w, x, name_x):
+    if name_x:
+      x = checkpoint_name(x, "block.input")
     return _layer(w, x)
-  region = jax.checkpoint(body, policy=jax_policy)
-  return lambda w, x: region(w, region(w, x)).sum()
+  first = jax.checkpoint(lambda w, x: body(w, x, False), policy=jax_policy)
+  second = jax.checkpoint(lambda w, x: body(w, x, named), policy=jax_policy)
+  return lambda w, x: second(w, first(w, x)).sum()
 
 
-def test_offload_boundaries_moves_every_region_input_to_the_host():
+def test_offload_boundaries_moves_computed_region_inputs_to_the_host():
   with remat3(False):
     ours = _kept(_ours("offload-boundaries"), W, X)
     assert ours == _kept(_by_hand(OFFLOAD_BOUNDARIES, named=True), W, X)
     host = [k for k in ours if k[1] == "host"]
-    # Both regions' inputs (x and the first region's output) and the weight,
-    # which a plain function's region cannot tell from an activation.
-    assert len(host) == 4
+    # The first region's output only: the weight and x are arguments.
+    assert [k[0] for k in host] == [X.shape]
     report = rt.analyze(_loss, W, X, policy="offload-boundaries")
-    assert report.offloaded_bytes == sum(
+    assert report.offloaded_bytes == X.size * X.dtype.itemsize == sum(
         r.nbytes for r in _host(_ours("offload-boundaries"), W, X))
     assert report.activation_bytes == 0
+
+
+def _repeated(w, x):
+  for _ in range(3):
+    x = _REGION(w, x)
+  return x.sum()
+
+
+def _repeated_by_hand(w, x):
+  for _ in range(3):
+    x = jax.checkpoint(_layer)(w, x)
+  return x.sum()
+
+
+def test_offload_boundaries_never_moves_arguments_or_constants():
+  """A plain function's region is told a parameter from an activation by
+  where the value comes from: an argument of the traced function and a
+  closed-over array stay on the device, as ``rt.repolicy`` leaves them."""
+  w_const = jnp.full((4, 4), 0.2)
+
+  def closed(x):
+    return _repeated(w_const, x)
+
+  with remat3(False):
+    for fn, args in [(_repeated, (W, X)), (closed, (X,))]:
+      host = _host(_ours("offload-boundaries", fn), *args)
+      assert [r.shape for r in host] == [X.shape] * 2  # layers 2 and 3
+      report = rt.analyze(fn, *args, policy="offload-boundaries")
+      assert report.offloaded_bytes == 2 * X.size * X.dtype.itemsize
+    by_hand = rt.analyze(rt.repolicy(_repeated_by_hand), W, X,
+                         policy="offload-boundaries")
+    assert by_hand.offloaded_bytes == 2 * X.size * X.dtype.itemsize
+    # Inside a jit of the step, as training runs it: two copies out, two back.
+    step = jax.jit(jax.grad(_ours("offload-boundaries", _repeated)))
+    assert str(jax.make_jaxpr(step)(W, X)).count("device_put[") == 4
+
+
+def test_a_region_fed_only_arguments_does_not_warn_it_matched_nothing():
+  import warnings
+  with remat3(False), warnings.catch_warnings():
+    warnings.simplefilter("error")
+    jax.grad(_ours("offload-boundaries", lambda w, x: _REGION(w, x).sum()))(W, X)
 
 
 @pytest.mark.parametrize("policy, jax_policy", [
@@ -117,11 +162,12 @@ def test_a_model_that_tags_nothing_offloads_its_layer_inputs():
 
   with remat3(False):
     host = _host(_ours("offload-boundaries", loss), params, X)
-    assert [r.shape for r in host] == [X.shape] * 3  # one per layer
+    # One per layer but the first, whose input is the function's argument.
+    assert [r.shape for r in host] == [X.shape] * 2
     report = rt.analyze(loss, params, X, policy="offload-boundaries")
-    assert report.offloaded_bytes == 3 * X.size * X.dtype.itemsize
+    assert report.offloaded_bytes == 2 * X.size * X.dtype.itemsize
     named = [r for r in report.residuals if r.name == "block.input"]
-    assert len(named) == 3 and all(r.memory_kind == "host" for r in named)
+    assert len(named) == 2 and all(r.memory_kind == "host" for r in named)
     # Analysed under another policy, the same trace has no input names.
     other = rt.analyze(loss, params, X, policy="save-everything")
     assert not any(r.name == "block.input" for r in other.residuals)
@@ -202,8 +248,8 @@ def test_the_planner_offloads_region_inputs_to_meet_a_budget():
       rt.plan(loss, params, X, budget=0)
     plan = rt.plan(loss, params, X, budget=0, allow_offload=True)
   assert plan.activation_bytes == 0
-  # Every layer's input moves, the first one (x) too, as JAX runs it.
-  assert plan.offloaded_bytes == 3 * X.size * X.dtype.itemsize
+  # Every layer's computed input moves; not the first one (x, an argument).
+  assert plan.offloaded_bytes == 2 * X.size * X.dtype.itemsize
   assert "block.input" in plan.policy.offload
 
 

@@ -442,3 +442,54 @@ def test_no_shadow_warning_without_the_models_remat_or_with_boundary_only(
     remat_mode, fresh_trace_warnings):
   assert not _shadow_warnings(_SelfRematted(remat_blocks=False), "save-everything")
   assert not _shadow_warnings(_SelfRematted(), "boundary-only")
+
+
+def _enclosed_warnings(loss, policy):
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with rt.use_policy(policy):
+      jax.jit(jax.grad(loss))(jnp.eye(4), jnp.ones((2, 4)))
+  return [str(w.message) for w in caught
+          if "remat region the program makes itself" in str(w.message)]
+
+
+_TOOLKIT_REGION = rt.remat(lambda w, x: jnp.tanh(x @ w) + x)
+
+
+def _two_regions(w, x):
+  return _TOOLKIT_REGION(w, _TOOLKIT_REGION(w, x))
+
+
+def test_a_region_inside_a_foreign_jax_checkpoint_or_nnx_remat_warns_once(
+    remat_mode, fresh_trace_warnings):
+  """A toolkit region traced inside the program's own jax.checkpoint or
+  nnx.remat: the outer region recomputes it by its own policy, so the
+  policy asked for changes nothing; said at trace time, once, naming the
+  outer region's function and the fix."""
+  def under_checkpoint(w, x):
+    return jax.checkpoint(_two_regions)(w, x).sum()
+
+  def under_nnx_remat(w, x):
+    return nnx.remat(lambda w, x: _two_regions(w, x))(w, x).sum()
+
+  for loss, outer in [(under_checkpoint, "_two_regions at"),
+                      (under_nnx_remat, "<lambda> at")]:
+    said = _enclosed_warnings(loss, "save-everything")
+    assert len(said) == 1, said
+    assert outer in said[0] and "test_remat_modules.py" in said[0]
+    assert "rt.repolicy" in said[0] and "'save-everything'" in said[0]
+  assert not _enclosed_warnings(under_checkpoint, "save-everything")  # once
+
+
+def test_no_enclosed_warning_for_the_toolkits_own_nesting_or_boundary_only(
+    remat_mode, fresh_trace_warnings):
+  def nested(w, x):
+    return rt.remat(_two_regions)(w, x).sum()
+
+  def under_checkpoint(w, x):
+    return jax.checkpoint(_two_regions)(w, x).sum()
+
+  assert not _enclosed_warnings(nested, "save-everything")
+  assert not _enclosed_warnings(lambda w, x: _two_regions(w, x).sum(),
+                                "save-everything")
+  assert not _enclosed_warnings(under_checkpoint, "boundary-only")

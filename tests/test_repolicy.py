@@ -303,3 +303,67 @@ def test_positions_count_afresh_in_each_call(remat_mode):
   for _ in range(2):
     assert residuals(rt.repolicy(unrolled(OWN), NAMED, regions="#1"),
                      WS, X) == want
+
+
+class NNXDecoder(nnx.Module):
+  """MaxText's NNX decoder: its layers, each a ``jax.checkpoint`` of the
+  layer's state and input, unrolled."""
+
+  def __init__(self, policy, rngs):
+    self.policy = policy
+    self.layers = nnx.List([NNXBlock(rngs) for _ in range(2)])
+
+  def __call__(self, x):
+    for block in self.layers:
+      graphdef, state = nnx.split(block)
+      run = lambda s, y, g=graphdef: nnx.merge(g, s)(y)  # noqa: E731
+      x = jax.checkpoint(run, policy=self.policy)(state, x)
+    return x
+
+
+def nnx_decoder_loss(policy):
+  graphdef, state = nnx.split(NNXDecoder(policy, nnx.Rngs(0)))
+  return (lambda s, x: (nnx.merge(graphdef, s)(x) ** 2).sum()), state
+
+
+def nnx_scanned_loss(policy):
+  """MaxText's scanned layers: one rematted body over the stacked state."""
+  blocks = [NNXBlock(nnx.Rngs(i)) for i in range(2)]
+  graphdef = nnx.split(blocks[0])[0]
+  stacked = jax.tree.map(lambda *a: jnp.stack(a),
+                         *[nnx.split(b)[1] for b in blocks])
+  region = jax.checkpoint(lambda s, y: nnx.merge(graphdef, s)(y), policy=policy)
+
+  def loss(params, x):
+    x, _ = jax.lax.scan(lambda c, s: (region(s, c), None), x,
+                        params["decoder"]["layers"])
+    return (x ** 2).sum()
+  return loss, {"decoder": {"layers": stacked}}
+
+
+def _keys_warned(fn, *args):
+  with pytest.warns(UserWarning, match="match no remat region") as caught:
+    residuals(rt.repolicy(fn, NAMED, regions="no_such_layer"), *args)
+  return " ".join(str(w.message) for w in caught)
+
+
+def test_nnx_regions_are_keyed_by_the_module_path_of_their_weights(remat_mode):
+  """An NNX program carries no scopes: a region is keyed by the path its
+  weights share in the function's arguments (``layers/1``), so a pattern
+  selects a layer of MaxText's NNX decoder by name, unrolled or scanned."""
+  lib, state = nnx_decoder_loss(OWN)
+  by_hand, _ = nnx_decoder_loss(NAMED)
+  assert "'layers/0', 'layers/1'" in _keys_warned(lib, state, X)
+  every = residuals(rt.repolicy(lib, NAMED, regions="layers/*"), state, X)
+  assert every == residuals(by_hand, state, X)
+  one = residuals(rt.repolicy(lib, NAMED, regions="layers/1"), state, X)
+  assert len(residuals(lib, state, X)) < len(one) < len(every)
+  scan_lib, params = nnx_scanned_loss(OWN)
+  assert "'decoder/layers'" in _keys_warned(scan_lib, params, X)
+  got = residuals(rt.repolicy(scan_lib, NAMED, regions="decoder/layers"),
+                  params, X)
+  assert got == residuals(nnx_scanned_loss(NAMED)[0], params, X)
+
+
+def test_a_function_of_bare_arrays_keys_its_regions_by_position():
+  assert "'#0', '#1'" in _keys_warned(unrolled(OWN), WS, X)

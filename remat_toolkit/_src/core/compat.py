@@ -49,7 +49,7 @@ except ImportError:  # pragma: no cover - depends on the JAX release
 __all__ = [
     "Jaxpr", "ClosedJaxpr", "JaxprEqn", "Var", "Literal", "DropVar",
     "name_p", "remat_p", "close_jaxpr", "jaxpr_consts", "eval_jaxpr",
-    "dce_jaxpr", "saved_residuals", "remat3_enabled", "remat3",
+    "dce_jaxpr", "saved_residuals", "is_computed", "enclosing_remat", "remat3_enabled", "remat3",
     "has_remat3_flag", "has_custom_vjp3_flag", "custom_vjp3_enabled",
     "is_cudnn_unavailable", "remat3_calls_policies", "remat3_offloads",
     "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported",
@@ -127,6 +127,76 @@ def abstractify(x: Any) -> Any:
 def is_tracer(x: Any) -> bool:
   """Whether ``x`` is a value of some ongoing trace."""
   return isinstance(x, jax.core.Tracer)
+
+
+def _is_remat_body(traced_for: str) -> bool:
+  """Whether a trace's ``traced_for`` is a ``jax.checkpoint`` body's (it
+  reads ``remat3`` with ``jax_remat3`` on)."""
+  return traced_for.startswith("checkpoint") or traced_for == "remat3"
+
+
+def _traced_for(tracer: Any) -> str:
+  info = getattr(getattr(tracer._trace, "frame", None), "debug_info", None)
+  return str(getattr(info, "traced_for", ""))
+
+
+def _inner_value(tracer: Any) -> Any:
+  """The value a transformation's tracer carries one level down (a JVP or
+  linearize tracer's primal, a batch tracer's batched value), or None."""
+  if hasattr(tracer, "primal"):
+    return tracer.primal
+  if type(tracer).__name__ == "BatchTracer":
+    return tracer.val
+  return None
+
+
+def is_computed(x: Any) -> bool:
+  """Whether ``x`` is a value the traced function computed.
+
+  False for a value the function was given: an argument of the ``jit`` (or
+  of the ``jax.checkpoint``) being traced, a closed-over constant, a plain
+  array. A loop's carry or a branch's operand is taken as computed (the
+  trace cannot tell which), and so is anything this module cannot see
+  into: the answer decides whether a region's input is worth moving to the
+  host, and moving a computed one is what every release did before.
+
+  Read from the tracer beneath the transformations (``jax.grad``,
+  ``jax.vmap``): the equation that produced it, or the frame it is an input
+  of; detected, so a JAX without these answers True.
+  """
+  if not isinstance(x, jax.core.Tracer):
+    return False
+  base = x
+  while not isinstance(base, _pe.DynamicJaxprTracer):
+    base = _inner_value(base)
+    if base is None:
+      return True
+    if not isinstance(base, jax.core.Tracer):
+      return True  # eager differentiation: no program to be an input of
+  parent = getattr(base, "parent", True)
+  if parent is not None:
+    return True
+  frame = getattr(base._trace, "frame", None)
+  if not any(v is base.val for v in getattr(frame, "invars", ())):
+    return False  # a constant the trace closed over
+  traced_for = _traced_for(base)
+  return not (traced_for == "jit" or _is_remat_body(traced_for))
+
+
+def enclosing_remat() -> str | None:
+  """The function (``name at file:line``) whose remat body is being traced
+  right now, or None: the innermost trace is a ``jax.checkpoint`` body's
+  (``nn.remat`` and ``nnx.remat`` trace through it) in either remat mode.
+
+  Only the innermost trace is seen: a region inside a loop inside a remat
+  body is not.
+  """
+  trace = getattr(getattr(_core, "trace_ctx", None), "trace", None)
+  info = getattr(getattr(trace, "frame", None), "debug_info", None)
+  traced_for = str(getattr(info, "traced_for", ""))
+  if not _is_remat_body(traced_for):
+    return None
+  return str(getattr(info, "func_src_info", None) or "a remat body")
 
 
 # ---------------------------------------------------------------- remat3 flag

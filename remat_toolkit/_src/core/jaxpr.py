@@ -176,12 +176,30 @@ def argument_vars(jaxpr: Jaxpr) -> set[Any]:
   A variable of a body shared by several equations counts if any of them
   passes it an argument.
   """
-  found: set[Any] = set(jaxpr.invars) | set(jaxpr.constvars)
+  return set(argument_positions(jaxpr))
+
+
+def argument_positions(jaxpr: Jaxpr) -> dict[Any, int]:
+  """Per variable of :func:`argument_vars`, the position of the input of
+  ``jaxpr`` it holds (-1 for a constant); the first one passed wins.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> def f(w, x):
+    ...   return jax.lax.scan(lambda c, wi: (c @ wi, None), x, w)[0]
+    >>> j = jax.make_jaxpr(f)(jnp.ones((2, 3, 3)), jnp.ones(3)).jaxpr
+    >>> body = j.eqns[0].params["jaxpr"].jaxpr
+    >>> [argument_positions(j).get(v) for v in body.invars]  # carry, slice
+    [None, 0]
+  """
+  found: dict[Any, int] = {v: i for i, v in enumerate(jaxpr.invars)}
+  found.update((v, -1) for v in jaxpr.constvars)
 
   def visit(j: Jaxpr) -> None:
     for eqn in j.eqns:
-      _pass_into_bodies(eqn, [is_jaxpr_var(a) and a in found
-                              for a in eqn.invars], found)
+      for v, position in _into_bodies(
+          eqn, [found.get(a) if is_jaxpr_var(a) else None for a in eqn.invars]):
+        found.setdefault(v, position)
       for sub in sub_jaxprs(eqn):
         visit(sub)
 
@@ -189,19 +207,25 @@ def argument_vars(jaxpr: Jaxpr) -> set[Any]:
   return found
 
 
-def _pass_into_bodies(eqn: JaxprEqn, passed: list[bool], found: set[Any]
-                      ) -> None:
-  """Adds to ``found`` the inputs of ``eqn``'s bodies that receive an input
-  of ``eqn`` flagged in ``passed`` as it is: one to one, except a scan's
-  carries, which each step computes anew."""
+def _into_bodies(eqn: JaxprEqn, passed: list[Any]) -> list[tuple[Any, Any]]:
+  """(input of one of ``eqn``'s bodies, what ``passed`` says of the input of
+  ``eqn`` it receives as it is) for each input whose entry is not None: one
+  to one, except a scan's carries, which each step computes anew."""
   if compat.is_scan(eqn):
     consts = compat.scan_num_consts(eqn)
     carries = compat.scan_num_carry(eqn)
-    passed = [p and not consts <= i < consts + carries
+    passed = [None if consts <= i < consts + carries else p
               for i, p in enumerate(passed)]
-  for sub in sub_jaxprs(eqn):
-    if len(sub.invars) == len(passed):
-      found.update(v for v, p in zip(sub.invars, passed, strict=True) if p)
+  return [(v, p) for sub in sub_jaxprs(eqn) if len(sub.invars) == len(passed)
+          for v, p in zip(sub.invars, passed, strict=True) if p is not None]
+
+
+def _pass_into_bodies(eqn: JaxprEqn, passed: list[bool], found: set[Any]
+                      ) -> None:
+  """Adds to ``found`` the inputs of ``eqn``'s bodies that receive an input
+  of ``eqn`` flagged in ``passed`` as it is (:func:`_into_bodies`)."""
+  found.update(v for v, _ in _into_bodies(eqn, [True if p else None
+                                                for p in passed]))
 
 
 #: names_in per jaxpr: a jaxpr never changes, and reading one traces the

@@ -65,24 +65,37 @@ def selects_inputs(policy: Policy | None) -> bool:
 
 def input_mask(prefix: Any, dynamic: Any) -> tuple[bool, ...]:
   """Which of a region's flattened inputs it names: the floating-point
-  arrays of ``dynamic``; never the ``prefix`` (a module's variables and
-  rngs, an NNX module's state)."""
+  arrays of ``dynamic`` the traced function computed; never the ``prefix``
+  (a module's variables and rngs, an NNX module's state), an argument of
+  the function or a constant (:func:`~remat_toolkit._src.core.compat.is_computed`):
+  those are held on the device anyway, so a host copy would save nothing
+  and cost a transfer every step."""
   return (tuple(False for _ in jax.tree_util.tree_leaves(prefix))
-          + tuple(_is_float_array(x) for x in jax.tree_util.tree_leaves(dynamic)))
+          + tuple(_is_float_array(x) and compat.is_computed(x)
+                  for x in jax.tree_util.tree_leaves(dynamic)))
 
 
 def _is_float_array(x: Any) -> bool:
   return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def name_inputs(tree: Any) -> Any:
+def name_inputs(tree: Any, mask: Sequence[bool] | None = None) -> Any:
   """``tree`` with each floating-point array leaf named :data:`INPUT_NAME`.
 
   Integer arrays (token ids, masks) and PRNG keys are left as they are: they
   are not activations a policy would move.
+
+  Args:
+    tree: the region's inputs.
+    mask: per leaf of ``tree``, whether to name it (:func:`input_mask`);
+      default: every floating-point array.
   """
-  return jax.tree_util.tree_map(
-      lambda x: tags.tag(x, INPUT_NAME) if _is_float_array(x) else x, tree)
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  if mask is None:
+    mask = [_is_float_array(x) for x in leaves]
+  return jax.tree_util.tree_unflatten(treedef, [
+      tags.tag(x, INPUT_NAME) if n and _is_float_array(x) else x
+      for x, n in zip(leaves, mask, strict=True)])
 
 
 def name_body_inputs(body: Any, mask: Sequence[bool]) -> Any:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
+import pathlib
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +46,8 @@ from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies import tags
+from remat_toolkit._src.policies.findings import Finding
+from remat_toolkit._src.policies.findings import warn_at_trace
 from remat_toolkit._src.policies.resolve import PolicyLike
 from remat_toolkit._src.transform import nnx_paths
 from remat_toolkit._src.transform import trace_cache
@@ -162,15 +166,49 @@ def _split_static(spec: RegionSpec, args: tuple, kwargs: dict
 
 # ---------------------------------------------------------------- the region
 
-def _named_dynamic(body: Callable[..., Any], named: bool) -> Callable[..., Any]:
-  """``body`` naming its dynamic inputs ``block.input`` first, if ``named``
-  (:mod:`~remat_toolkit._src.policies.region_inputs`); the prefix (a module's
-  variables and rngs, an NNX module's state) is never named."""
-  if not named:
+#: Remat bodies whose regions are not foreign: the toolkit's own, and
+#: linen's lifted ``nn.remat`` (``rules`` names the model's region there).
+_OWN_BODIES = (str(pathlib.Path(__file__).resolve().parents[2]) + os.sep,
+               os.sep + os.path.join("flax", "linen", "transforms.py"))
+
+
+def _warn_if_enclosed(region: lowering.RegionPolicy, where: str) -> None:
+  """Says so, once, when a region is traced inside a remat region the
+  program makes itself (a ``jax.checkpoint``, an ``nnx.remat``): that
+  region recomputes everything in it by its own policy, so the policy asked
+  for here changes nothing."""
+  outer = compat.enclosing_remat()
+  if (outer is None or region.policy is None
+      or region.policy.name == "boundary-only"  # it keeps the inputs anyway
+      or any(own in outer for own in _OWN_BODIES)):
+    return
+  warn_at_trace(Finding(
+      f"remat region {where} is traced inside a remat region the program "
+      "makes itself "
+      f"(the jax.checkpoint or nnx.remat of {outer}): that region recomputes "
+      "everything in it by its own policy, so policy "
+      f"{region.policy.name!r} changes nothing there. Re-policy the "
+      "program's own regions instead, rt.repolicy(loss, policy), or remove "
+      "the outer remat.", "shadowed", region.policy.name), stacklevel=5)
+
+
+def _dynamic_mask(inputs: tuple) -> tuple[bool, ...]:
+  """Which leaves of a region's dynamic inputs it names (the prefix never)."""
+  prefix, _ = inputs
+  return region_inputs.input_mask(*inputs)[
+      len(jax.tree_util.tree_leaves(prefix)):]
+
+
+def _named_dynamic(body: Callable[..., Any],
+                   mask: tuple[bool, ...]) -> Callable[..., Any]:
+  """``body`` naming its dynamic inputs ``block.input`` first where ``mask``
+  says so (:mod:`~remat_toolkit._src.policies.region_inputs`); the prefix (a
+  module's variables and rngs, an NNX module's state) is never named."""
+  if not any(mask):
     return body
 
   def named_body(prefix_, dynamic_):
-    return body(prefix_, region_inputs.name_inputs(dynamic_))
+    return body(prefix_, region_inputs.name_inputs(dynamic_, mask))
 
   return named_body
 
@@ -179,8 +217,11 @@ def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
                        inputs: tuple, region: lowering.RegionPolicy) -> Any:
   """Replays a traced region inside one ``jax.checkpoint``, its policy
   lowered against the names the trace contains."""
-  lowering.warn_if_unmatched(region, traced.names, spec.where)
-  jax_policy = lowering.region_jax_policy(region, traced.names,
+  names = traced.names
+  if region_inputs.selects_inputs(region.policy):
+    names = names | {region_inputs.INPUT_NAME}  # a region fed only arguments
+  lowering.warn_if_unmatched(region, names, spec.where)
+  jax_policy = lowering.region_jax_policy(region, names,
                                           region_inputs.input_mask(*inputs))
   return jax.checkpoint(traced.replay(), policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
@@ -204,8 +245,10 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
 
   inputs = (prefix, dynamic)
   region = lowering.region_policy(spec.policy, key)
+  _warn_if_enclosed(region, spec.where)
   named = region_inputs.selects_inputs(region.policy)
-  body = _named_dynamic(body, named)
+  if named:
+    body = _named_dynamic(body, _dynamic_mask(inputs))
   if region.reads_names:
     return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs,
                               region)
@@ -239,10 +282,12 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
   # regions are numbered first), so a region whose policy names its inputs
   # is traced again with the names, under a key of its own.
   region = lowering.region_policy(spec.policy)
+  _warn_if_enclosed(region, spec.where)
   if region_inputs.selects_inputs(region.policy):
+    mask = _dynamic_mask(inputs)
     traced = trace_cache.cached_trace(
-        cache, None if key is None else (key, region_inputs.INPUT_NAME),
-        _named_dynamic(body, True), inputs)
+        cache, None if key is None else (key, region_inputs.INPUT_NAME, mask),
+        _named_dynamic(body, mask), inputs)
   return _checkpoint_traced(traced, spec, inputs, region)
 
 

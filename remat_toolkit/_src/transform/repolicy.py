@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import re
 import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -65,43 +66,100 @@ def _selected(key: str, patterns: tuple[str, ...] | None, hits: set[str]
   return bool(matched)
 
 
-def _body_scopes(body: Any) -> list[str]:
-  """The module scopes every equation of a region's body shares."""
-  stacks = [compat.module_scopes(e) for e in body.eqns]
+#: Key-path entries that name no module: an NNX variable's value, the
+#: collection linen's variables sit under (its scope paths leave it out).
+_NOT_MODULES = frozenset({"value", "raw_value", "params"})
+
+
+def _key_entry(entry: Any) -> str:
+  for attribute in ("key", "name", "idx"):
+    if hasattr(entry, attribute):
+      return str(getattr(entry, attribute))
+  return str(entry)
+
+
+def _argument_paths(args: tuple, kwargs: dict, traced: list[int]
+                   ) -> list[tuple[str, ...]]:
+  """Per traced leaf of ``(args, kwargs)``, the module path of the variable
+  it is (``('layers', '0', 'lin')`` for an NNX state's
+  ``layers/0/lin/kernel``), the parameter's own name and entries that name
+  no module left out; ``()`` for a bare array."""
+  paths = [path for path, _ in
+           jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
+  out = []
+  for i in traced:
+    names = [_key_entry(e) for e in paths[i][2:]]  # (args, kwargs), position
+    names = [n for n in names if n not in _NOT_MODULES]
+    out.append(tuple(names[:-1]))
+  return out
+
+
+def _common_prefix(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
   common: list[str] = []
-  for names in zip(*stacks, strict=False) if stacks else ():
+  for names in zip(*paths, strict=False) if paths else ():
     if any(n != names[0] for n in names[1:]):
       break
     common.append(names[0])
-  return common
+  return tuple(common)
 
 
-def _region_key(eqn: Any, body: Any) -> str:
+def _body_scopes(body: Any) -> list[str]:
+  """The module scopes every equation of a region's body shares."""
+  return list(_common_prefix([tuple(compat.module_scopes(e))
+                              for e in body.eqns]))
+
+
+class _Arguments:
+  """Where the program's arguments come from, to key regions by."""
+
+  def __init__(self, program: Any, paths: list[tuple[str, ...]]):
+    self.positions = _jaxpr.argument_positions(program)
+    self.paths = paths
+
+  def module_path(self, eqn: Any) -> tuple[str, ...]:
+    """The module path the variables a region reads share (the weights of
+    ``layers/3``), of the argument it reads most variables of."""
+    by_argument: dict[str, list[tuple[str, ...]]] = {}
+    for v in eqn.invars:
+      position = (self.positions.get(v, -1) if _jaxpr.is_jaxpr_var(v)
+                  else -1)
+      if 0 <= position < len(self.paths) and self.paths[position]:
+        path = self.paths[position]
+        by_argument.setdefault(path[0], []).append(path)
+    if not by_argument:
+      return ()
+    return _common_prefix(max(by_argument.values(), key=len))
+
+
+def _region_key(eqn: Any, body: Any, arguments: _Arguments) -> str:
   """The region's module path, else its position.
 
   Flax pushes a module's scope while its body is traced, so a linen region
   sits in its parent's scopes (the first being the root module's class
   name, which linen scope paths leave out) and its own scope heads every
-  equation of its body.
+  equation of its body. A program without scopes (an NNX model, a function
+  of a parameter tree) names a region by the path its weights share in
+  the function's arguments.
   """
   outer = compat.module_scopes(eqn)[1:]
-  path = tuple(outer + _body_scopes(body))
+  path = tuple(outer + _body_scopes(body)) or arguments.module_path(eqn)
   return region_keys.region_key(path or None)
 
 
 def _rewrite(program: Any, policy: PolicyLike,
-             patterns: tuple[str, ...] | None) -> tuple[Any, list[str]]:
+             patterns: tuple[str, ...] | None,
+             paths: list[tuple[str, ...]]) -> tuple[Any, list[str]]:
   """``program`` with each selected region's policy replaced; the keys."""
   keys: list[str] = []
   seen: list[str] = []  # every region's key, selected or not
   hits: set[str] = set()
-  arguments = _jaxpr.argument_vars(program)
+  arguments = _Arguments(program, paths)
 
   def on_eqn(eqn: Any, recurse: Callable[[Any], Any]) -> Any:
     if not compat.is_remat(eqn):
       return None
     old_body = compat.remat_body_of(eqn)
-    key = _region_key(eqn, old_body)  # outer first, as tracing numbers them
+    key = _region_key(eqn, old_body, arguments)  # outer first, as tracing numbers them
     seen.append(key)
     body = recurse(old_body)
     if not _selected(key, patterns, hits):
@@ -111,7 +169,7 @@ def _rewrite(program: Any, policy: PolicyLike,
     names = _jaxpr.names_in(body)
     # Its computed inputs: the function's own arguments (the weights
     # nn.remat passes in) are held by the caller anyway.
-    mask = tuple(v not in arguments for v in eqn.invars)
+    mask = tuple(v not in arguments.positions for v in eqn.invars)
     region = lowering.region_policy(policy, key)
     if region_inputs.selects_inputs(region.policy):
       body = region_inputs.name_body_inputs(body, mask)
@@ -132,8 +190,16 @@ def _warn_unmatched_patterns(patterns: tuple[str, ...] | None,
     warnings.warn(
         f"repolicy's regions {missing} match no remat region of the function "
         f"(its regions: {brief(sorted(set(keys)), 8) if keys else 'none'}); "
-        "those regions keep their own policies. Name a region's module path, "
-        "e.g. regions='layers_*'.", UserWarning, stacklevel=4)
+        "those regions keep their own policies. Name a region's key or a "
+        f"glob of keys, e.g. regions={_example_pattern(keys)!r}.",
+        UserWarning, stacklevel=4)
+
+
+def _example_pattern(keys: list[str]) -> str:
+  """A glob over the regions' keys: the first one's last number starred."""
+  if not keys:
+    return "layers_*"
+  return re.sub(r"\d+(?!.*\d)", "*", sorted(keys)[0])
 
 
 def _warn_no_regions() -> None:
@@ -158,7 +224,8 @@ def _run(fn: Callable[..., Any], policy: PolicyLike,
   dynamic = [leaves[i] for i in traced]
   closed, out_shape = _jaxpr.trace_program(flat, dynamic)
   with region_keys.counting():  # positions count afresh in each program
-    program, keys = _rewrite(compat.inner_jaxpr(closed), policy, patterns)
+    program, keys = _rewrite(compat.inner_jaxpr(closed), policy, patterns,
+                             _argument_paths(args, kwargs, traced))
   if not keys and patterns is None:
     _warn_no_regions()
   outs = compat.eval_jaxpr(program, compat.jaxpr_consts(closed), *dynamic)
@@ -178,7 +245,9 @@ def repolicy(fn: Callable[..., Any], policy: PolicyLike = None, *,
   (``prevent_cse``, its body) and evaluates it in the caller's trace: it
   composes with ``jax.jit`` and ``jax.grad`` and compiles to the program the
   same policy written into the model by hand gives. A region is keyed by
-  its module path where its equation has one (a Flax module's scope path),
+  its module path where the program carries one: a Flax module's scope
+  path, else the path the weights it reads share in ``fn``'s arguments
+  (an NNX state's ``layers/3``, a scanned stack's ``decoder/layers``);
   else by position (``#0``, ``#1``...), as ``rt.remat``'s regions are, so
   a per-region plan applies to it.
 
