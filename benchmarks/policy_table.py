@@ -1,8 +1,8 @@
 """The memory/recompute table of every built-in policy on a built-in model.
 
 Static analysis on abstract shapes: nothing is allocated, so the largest
-configs run on a laptop. This is the table in the README (and the catalogue's
-in docs/concepts/policies.md, with --markdown).
+configs run on a laptop. With --markdown, the catalogue's table in
+docs/concepts/policies.md (the README's is readme_compare.py's).
 
 Usage:
   python benchmarks/policy_table.py [--config gpt2-small] [--group 1] [--scan]

@@ -1,7 +1,13 @@
 """The README runs as printed: its Python blocks here, its commands in CI."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import jax
+import pytest
 
 from shared_helpers import markdown_code_blocks
 from shared_helpers import run_markdown_examples
@@ -56,3 +62,39 @@ def test_relative_links_point_at_files():
   assert targets, "README.md links to nothing in the repository"
   missing = [t for t in targets if not (ROOT / t).exists()]
   assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def _compare_block(text):
+  """The README's ``$ remat-toolkit compare`` block and the JAX it names."""
+  section = _section(text, "compare")
+  jax_version = re.search(r"\bjax (\S+),", section).group(1)
+  output = re.search(r"\$ remat-toolkit compare\n(.*?)\n```", section, re.S).group(1)
+  return jax_version, output
+
+
+def _table_rows(output):
+  """policy -> (activations, offloaded, recompute, residuals)."""
+  rows = {}
+  for line in output.splitlines():
+    cells = re.split(r"\s{2,}", line.strip())
+    if len(cells) >= 7 and re.fullmatch(r"[a-z0-9-]+", cells[0]):
+      rows[cells[0]] = (cells[1], cells[3], cells[4], cells[5])
+  return rows
+
+
+@pytest.mark.slow
+def test_the_compare_table_is_what_the_command_prints():
+  """The README's table is ``remat-toolkit compare``'s output, verbatim, on
+  the JAX it names; on another release every policy's figures but
+  ``save-everything``'s (and the percentages relative to it) are the same."""
+  jax_version, block = _compare_block(README.read_text(encoding="utf-8"))
+  env = {k: v for k, v in os.environ.items() if k != "JAX_REMAT3"}
+  printed = subprocess.run([sys.executable, "-m", "remat_toolkit", "compare"],
+                           capture_output=True, text=True, check=True,
+                           env=env, cwd=ROOT).stdout.rstrip()
+  if jax.__version__ == jax_version:
+    assert printed == block.rstrip()
+  ours, theirs = _table_rows(printed), _table_rows(block)
+  assert len(ours) >= 20 and set(ours) == set(theirs)
+  for policy in set(ours) - {"save-everything"}:
+    assert ours[policy] == theirs[policy], policy
