@@ -47,8 +47,27 @@ print("the batch:", batch)
 # gives the same table as text.
 
 # %%
-comparison = rt.compare(loss_fn, params, batch)
+import warnings
+
+# A comparison's findings are raised as warnings and kept in
+# `comparison.warnings`; this notebook reads them there, once, below.
+with warnings.catch_warnings():
+  warnings.simplefilter("ignore")
+  comparison = rt.compare(loss_fn, params, batch)
 comparison
+
+# %% [markdown]
+# ## What the comparison warns about
+#
+# `comparison.warnings` holds what the analysis found that changes a choice.
+# On this model one finding is expected: the naive attention core multiplies
+# two activations (queries by keys, probabilities by values), so a policy that
+# keeps every matmul output keeps the seq x seq logits of every head, which is
+# what a flash-attention kernel exists not to store.
+
+# %%
+for finding in comparison.warnings:
+  print(finding)
 
 # %% [markdown]
 # ## How to read a row
@@ -112,7 +131,9 @@ for _, group in points:
 
 # %%
 on_device = [n for n in rt.list_policies() if not rt.get_policy(n).offloads]
-device_comparison = rt.compare(loss_fn, params, batch, policies=on_device)
+with warnings.catch_warnings():
+  warnings.simplefilter("ignore")  # the same findings as above
+  device_comparison = rt.compare(loss_fn, params, batch, policies=on_device)
 ax = device_comparison.plot()
 
 # %% [markdown]
@@ -163,8 +184,11 @@ keep_all = {"attention": rt.Policy(name="keep-all-attention", save=["attn.*"]),
             "FFN": rt.Policy(name="keep-all-ffn", save=["ffn.*"])}
 for core in ("naive", "flash"):
   fn, core_args = models.build_loss(models.get_config("gpt2-small", attention=core))
-  kept = rt.compare(fn, *core_args,
-                    policies=["boundary-only", *keep_all.values()]).reports
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # read below
+    core_comparison = rt.compare(fn, *core_args,
+                                 policies=["boundary-only", *keep_all.values()])
+  kept = core_comparison.reports
   floor = kept["boundary-only"].activation_bytes
   per_layer = {part: (kept[p.name].activation_bytes - floor) / config.num_layers
                for part, p in keep_all.items()}
@@ -172,3 +196,14 @@ for core in ("naive", "flash"):
   print(f"{core:6s} keep all of attention {per_layer['attention'] / 2**20:6.1f} MiB, "
         f"all of the FFN {per_layer['FFN'] / 2**20:6.1f} MiB per layer: "
         f"recompute the {larger} to free the most")
+
+# %% [markdown]
+# The flash kernel's comparison says one more thing: under `boundary-only` the
+# kernel's forward runs again in the backward pass, since its backward rule
+# reads residuals (its output, the log-sum-exp) that the policy does not keep;
+# the finding counts that work and names the fix.
+
+# %%
+for finding in core_comparison.warnings:
+  if finding.kind == "kernel-rerun":
+    print(finding)

@@ -22,12 +22,18 @@
 # a small config: nothing is downloaded.
 
 # %%
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
-import transformers
+
+# transformers imports tqdm, which warns that Jupyter's progress widgets are
+# not installed; nothing here shows a progress bar.
+warnings.filterwarnings("ignore", message="IProgress not found")
+import transformers  # noqa: E402
 
 import remat_toolkit as rt
 
