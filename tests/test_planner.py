@@ -478,3 +478,25 @@ def test_cli_plan_text_and_group_sizes():
   status, _, _ = run_cli("plan", "--model", "tiny", "--budget", "1MiB",
                          "--group-sizes", "0")
   assert status == 2
+
+
+def test_plan_and_verify_findings_are_kinded():
+  """Every finding a plan or a verification carries is a Finding of a known
+  kind, so a caller picks them out by kind, never by their wording."""
+  from remat_toolkit._src.policies.findings import KINDS
+  from remat_toolkit._src.policies.findings import Finding
+
+  layer = rt.remat(lambda w, x: jnp.sin(jnp.sin(x @ w)))
+
+  def loss(w, x):
+    return layer(w, layer(w, x)).sum()
+
+  w, x = jnp.eye(4), jnp.ones((2, 4))
+  with pytest.warns(UserWarning, match="holds a checkpoint name"):
+    plan = rt.plan(loss, w, x, budget="1 MiB")
+  assert [f.kind for f in plan.warnings] == ["no-names"]
+  with pytest.warns(UserWarning, match="keeps none of its names"):
+    verified = rt.verify(loss, w, x, policy="save-ffn")
+  assert "keeps-none" in [f.kind for f in verified.warnings]
+  for finding in (*plan.warnings, *verified.warnings):
+    assert isinstance(finding, Finding) and finding.kind in KINDS, finding

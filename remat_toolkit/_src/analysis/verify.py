@@ -373,7 +373,7 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
 def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
                      program: TracedProgram,
                      policy: Policy, reference: Any, rtol: float,
-                     atol: float, seed: int, warnings: list[str]
+                     atol: float, seed: int, warnings: list[Finding]
                      ) -> tuple[_Diff | None, str]:
   """Gradients of ``fn`` as users run it under ``policy`` vs the reference.
 
@@ -398,8 +398,9 @@ def _check_gradients(fn: Callable[..., Any], args: Sequence[Any],
   except NotImplementedError as e:
     if "ffects" not in str(e):
       raise
-    warnings.append(f"gradients could not be computed with remat: JAX "
-                    f"refused an effect inside a remat region ({e}).")
+    warnings.append(Finding(
+        f"gradients could not be computed with remat: JAX refused an effect "
+        f"inside a remat region ({e}).", "not-checked"))
     return None, "not checked"
   ref_loss, ref_grads = _compiled_value_and_grad(reference_loss, leaves,
                                                  diff_idx)

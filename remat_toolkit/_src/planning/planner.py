@@ -121,6 +121,7 @@ from remat_toolkit._src.planning.search import largest_fitting
 from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.policy import unrunnable_reason
@@ -152,12 +153,12 @@ DEFAULT_MAX_EVALUATIONS = 48
 # Most model predictions measured before the branch and bound starts.
 _MODEL_CANDIDATES = 8
 
-_NO_NAMES = (
+_NO_NAMES = Finding(
     "no remat region that reads the ambient policy holds a checkpoint name, "
     "so the plan could only choose between boundary-only and the whole-model "
     "alternatives (save-everything, save-matmuls, save-matmuls-no-batch); tag "
     "the tensors worth keeping with remat_toolkit.tag(x, name) to let it keep "
-    "some and recompute the rest.")
+    "some and recompute the rest.", "no-names")
 
 # ==================================================================== planner
 
@@ -215,7 +216,8 @@ class Planner:
     self.warnings: tuple[str, ...] = tuple(
         region_warnings(program)
         + ([] if program.ambient_names else [_NO_NAMES])
-        + ([program.layout.note] if program.layout.note else []))
+        + ([Finding(program.layout.note, "note")] if program.layout.note
+           else []))
     self.allow_offload = allow_offload
     self.host_bandwidth = float(host_bandwidth)
     self.device_flops = float(device_flops)
@@ -891,10 +893,10 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
   return result
 
 
-_NOT_ADDITIVE = (
+_NOT_ADDITIVE = Finding(
     "the regions' measured effects do not add up to the whole program's "
     "(regions interact), so the per-region plan is the best of the mixes "
-    "measured, not proven optimal; its figures are measured.")
+    "measured, not proven optimal; its figures are measured.", "not-additive")
 
 
 def plan_per_region(planner: Planner, limit: int, limits: Limits, bounds: str,

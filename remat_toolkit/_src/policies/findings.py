@@ -57,6 +57,9 @@ KINDS: dict[str, str] = {
     "cpu-scheduler": "XLA:CPU's default scheduler hides remat's effect",
     "device-limit": "the step's peak is above the device's memory limit",
     "prediction-off": "the predicted peak is off XLA's figure by more than 10%",
+    "no-names": "no region reading the ambient policy holds a checkpoint name",
+    "not-additive": "regions interact: a per-region plan is measured, not proven",
+    "not-checked": "a check could not run (JAX refused the program)",
     "note": "how a figure was measured",
 }
 
