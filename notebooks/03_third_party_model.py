@@ -22,18 +22,19 @@
 # a small config: nothing is downloaded.
 
 # %%
+# transformers imports tqdm, which warns that Jupyter's progress widgets are
+# not installed; nothing here shows a progress bar.
 import warnings
 
+warnings.filterwarnings("ignore", message="IProgress not found")
+
+# %%
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
-
-# transformers imports tqdm, which warns that Jupyter's progress widgets are
-# not installed; nothing here shows a progress bar.
-warnings.filterwarnings("ignore", message="IProgress not found")
-import transformers  # noqa: E402
+import transformers
 
 import remat_toolkit as rt
 

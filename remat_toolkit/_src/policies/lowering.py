@@ -26,13 +26,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 from collections.abc import Iterable
 from collections.abc import Iterator
 from typing import Any
 
 from remat_toolkit._src.core import compat
+from remat_toolkit._src.policies import ambient
 from remat_toolkit._src.policies import findings
 from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.policies import resolve
@@ -44,8 +44,6 @@ __all__ = ["RegionPolicy", "region_policy", "region_jax_policy",
            "substitute_ambient", "RegionMarkers",
            "warn_if_unmatched"]
 
-_substitute: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "remat_toolkit_ambient_substitute", default=None)
 
 
 class RegionMarkers:
@@ -139,7 +137,7 @@ def region_policy(policy: PolicyLike, region: str | None = None
     The :class:`RegionPolicy`.
   """
   key = region_keys.region_key(None) if region is None else region
-  substitute = _substitute.get()
+  substitute = ambient.current().substitute
   if policy is None and substitute is not None:
     return RegionPolicy(key, None, substitute=substitute)
   resolved = resolve.resolve_policy(policy)
@@ -186,12 +184,9 @@ def substitute_ambient(jax_policy: Any) -> Iterator[None]:
   given to every region as it is. Regions without a module path are
   numbered from ``#0`` inside.
   """
-  token = _substitute.set(jax_policy)
-  try:
-    with region_keys.counting(), compat.trace_key_part("substitute", jax_policy):
-      yield
-  finally:
-    _substitute.reset(token)
+  with ambient.entered(substitute=jax_policy), \
+      compat.trace_key_part("substitute", jax_policy):
+    yield
 
 
 def _warn_if_uncovered(policy: Policy, key: str) -> None:

@@ -23,19 +23,17 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import itertools
 import re
 from collections.abc import Iterator
 from collections.abc import Sequence
 
 from remat_toolkit._src.core.globs import glob_match
+from remat_toolkit._src.policies import ambient
 
 __all__ = ["region_key", "counting", "key_matches", "is_positional",
            "position_of"]
 
-_counter: contextvars.ContextVar[itertools.count | None] = (
-    contextvars.ContextVar("remat_toolkit_region_positions", default=None))
 # Outside any block positions still advance (and mean nothing to a plan).
 _loose = itertools.count()
 
@@ -45,11 +43,8 @@ _POSITION = re.compile(r"#(\d+)")
 @contextlib.contextmanager
 def counting() -> Iterator[None]:
   """Regions without a module path are numbered from ``#0`` inside."""
-  token = _counter.set(itertools.count())
-  try:
+  with ambient.entered():
     yield
-  finally:
-    _counter.reset(token)
 
 
 def region_key(path: Sequence[str] | None) -> str:
@@ -65,7 +60,7 @@ def region_key(path: Sequence[str] | None) -> str:
   """
   if path:
     return "/".join(str(p) for p in path)
-  counter = _counter.get()
+  counter = ambient.current().positions
   return f"#{next(counter if counter is not None else _loose)}"
 
 

@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 import warnings
 from collections.abc import Callable
@@ -36,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from remat_toolkit._src.core import compat
+from remat_toolkit._src.policies import ambient
 from remat_toolkit._src.policies import catalog
-from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.policy import BOUNDARY_ONLY
 from remat_toolkit._src.policies.policy import SAVE_EVERYTHING
@@ -50,8 +49,7 @@ __all__ = ["SAVE_EVERYTHING", "BOUNDARY_ONLY", "PolicyLike", "resolve_policy",
            "unrunnable_reason", "use_policy", "current_policy",
            "is_policy_file", "declared_policy"]
 
-_ambient: contextvars.ContextVar[Policy | None] = contextvars.ContextVar(
-    "remat_toolkit_ambient_policy", default=None)
+
 
 #: What every ``policy=`` argument accepts (a plan from ``rt.plan`` too).
 PolicyLike = str | os.PathLike | Policy | Callable[..., Any] | Any | None
@@ -252,12 +250,9 @@ def use_policy(policy: str | Policy | Callable[..., Any]) -> Iterator[Policy]:
                     "rt.use_policy('save-ffn').")
   resolved = resolve_policy(policy, argument="use_policy's policy")
   _warn_without_trace_key()
-  token = _ambient.set(resolved)
-  try:
-    with region_keys.counting(), compat.trace_key_part("ambient", resolved):
-      yield resolved
-  finally:
-    _ambient.reset(token)
+  with ambient.entered(policy=resolved), \
+      compat.trace_key_part("ambient", resolved):
+    yield resolved
 
 
 def _warn_without_trace_key() -> None:
@@ -293,4 +288,4 @@ def current_policy() -> Policy:
     ...   rt.current_policy().is_jax_policy
     True
   """
-  return _ambient.get() or BOUNDARY_ONLY
+  return ambient.current().policy or BOUNDARY_ONLY
