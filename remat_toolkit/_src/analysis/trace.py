@@ -450,7 +450,7 @@ class TracedProgram:
 
     Raises:
       ValueError: for arguments on an ``AbstractMesh`` (no devices here to
-        compile for).
+        compile for), or a backend XLA gives no memory analysis on.
     """
     if self._layout.mesh is not None:
       raise ValueError(
@@ -469,6 +469,11 @@ class TracedProgram:
 
     compiled = jax.jit(jax.grad(loss, argnums=diff)).lower(*self._leaves).compile()
     stats = compiled.memory_analysis()
+    if stats is None:
+      raise ValueError(
+          f"compile=True reads XLA's memory analysis, which the "
+          f"{jax.default_backend()!r} backend does not provide; drop "
+          "compile=True.")
     out: dict[str, Any] = {
         "temp_bytes": int(stats.temp_size_in_bytes),
         "argument_bytes": int(stats.argument_size_in_bytes),
