@@ -120,7 +120,7 @@ class TracedProgram:
     self._custom_vjps: list[_jaxpr.KernelForward] | None = None
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
-    self._steps: dict[Any, tuple[Any, int]] = {}
+    self._steps: dict[Any, _residuals.TracedStep] = {}
     # Residual origins per lowering: policies that lower alike (names the
     # model lacks) share one walk of the step.
     self._origins_of: dict[Any, list[_residuals.ResidualOrigin]] = {}
@@ -399,7 +399,7 @@ class TracedProgram:
   def _make_residual(self, o: _residuals.ResidualOrigin) -> Residual:
     label = ""
     path = o.module_path
-    if o.kind == "argument":
+    if o.kind == "argument" and o.arg_index is not None:  # an argument has one
       label = self._paths[o.arg_index]
       path = _path_from_label(label)
     elif self._root:
@@ -426,7 +426,7 @@ class TracedProgram:
     if shares is not None:
       residuals = tuple(dataclasses.replace(r, per_device_nbytes=b)
                         for r, b in zip(residuals, shares, strict=True))
-      per_device = sum(r.per_device_nbytes for r in residuals
+      per_device = sum(b for r, b in zip(residuals, shares, strict=True)
                        if r.kind in COUNTED_KINDS and r.memory_kind == "device")
     notes = [Finding(self._layout.note, "note")] if self._layout.note else []
     recomputed = self.recomputed_kernels(policy)
