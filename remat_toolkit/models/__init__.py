@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from typing import Any
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -199,8 +200,9 @@ def _build_linen(cfg: GPTConfig, *, abstract: bool, seed: int, dropout: bool
   def loss_fn(params: Any, batch: dict[str, Any]) -> jax.Array:
     rngs = ({"dropout": jax.random.wrap_key_data(batch["dropout_key"])}
             if dropout else None)
-    logits = model.apply({"params": params}, batch["inputs"],
-                         deterministic=not dropout, rngs=rngs)
+    # No mutable collections: apply returns the output alone.
+    logits = cast(jax.Array, model.apply({"params": params}, batch["inputs"],
+                                         deterministic=not dropout, rngs=rngs))
     return next_token_loss(logits, batch["targets"])
 
   return loss_fn, params
@@ -214,7 +216,8 @@ def _build_nnx(cfg: GPTConfig, *, abstract: bool, seed: int, dropout: bool
     return NNXGPT(cfg, rngs=nnx.Rngs(params=seed, dropout=seed + 1))
 
   model = nnx.eval_shape(create) if abstract else nnx.jit(create)()
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  graphdef, *states = nnx.split(model, nnx.Param, ...)
+  params, rest = states  # one state per filter
   if abstract:
     # Rng streams (a few keys and counters) must be real values for the
     # transforms inside the model; parameters stay abstract.

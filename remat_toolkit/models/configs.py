@@ -137,8 +137,9 @@ class GPTConfig:
     for field in ("dtype", "param_dtype"):
       _check_dtype(field, getattr(self, field))
     group = self.remat_group
-    is_count = isinstance(group, int) and not isinstance(group, bool)
-    if group != "sqrt" and not (is_count and group >= 1):
+    positive_count = (isinstance(group, int) and not isinstance(group, bool)
+                      and group >= 1)
+    if group != "sqrt" and not positive_count:
       raise ValueError(
           f"GPTConfig.remat_group must be a positive integer or 'sqrt', got "
           f"{group!r}.")

@@ -111,7 +111,8 @@ def make_flash_kernel(*, block_size: int = DEFAULT_BLOCK_SIZE,
     return out, (q, k, v, out, lse)
 
   def flash_bwd(residuals, g):
-    return _backward(*residuals, g, block_size, causal)
+    q, k, v, out, lse = residuals
+    return _backward(q, k, v, out, lse, g, block_size, causal)
 
   flash_attention_kernel.defvjp(flash_fwd, flash_bwd)
   return flash_attention_kernel

@@ -55,13 +55,21 @@ class TracedProgram(Protocol):
   (:class:`~remat_toolkit._src.analysis.trace.TracedProgram` is one): its
   regions, and what the regions that read the ambient policy hold."""
 
-  regions: int
-  shadowed_regions: int
-  own_policy_regions: list[tuple[str, str]]
-  region_keys: tuple[str, ...]
-  ambient_names: frozenset[str]
-  ambient_matmuls: _jaxpr.MatmulCounts
-  ambient_custom_vjps: list[_jaxpr.KernelForward]
+  # Properties: the findings only read them, and most are computed.
+  @property
+  def regions(self) -> int: ...
+  @property
+  def shadowed_regions(self) -> int: ...
+  @property
+  def own_policy_regions(self) -> list[tuple[str, str]]: ...
+  @property
+  def region_keys(self) -> tuple[str, ...]: ...
+  @property
+  def ambient_names(self) -> frozenset[str]: ...
+  @property
+  def ambient_matmuls(self) -> _jaxpr.MatmulCounts: ...
+  @property
+  def ambient_custom_vjps(self) -> list[_jaxpr.KernelForward]: ...
 
 
 

@@ -185,6 +185,8 @@ def nbytes_of(aval: Any) -> int:
 
 def _is_low_precision(aval: Any) -> bool:
   dtype = getattr(aval, "dtype", None)
+  if dtype is None:
+    return False
   try:
     return np.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
   except TypeError:
@@ -380,9 +382,11 @@ class _Simulation:
   def _source(self, v: int | None) -> int | None:
     """The stored value behind a chain of transposes feeding a matmul."""
     values, ops = self.program.values, self.program.ops
-    while v is not None and values[v].op is not None and (
-        ops[values[v].op].primitive == "transpose"):
-      v = ops[values[v].op].ins[0]
+    while v is not None:
+      op = values[v].op
+      if op is None or ops[op].primitive != "transpose":
+        break
+      v = ops[op].ins[0]
     return v
 
   def _upcast_matmul_operands(self) -> None:
@@ -526,8 +530,11 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
   outputs = [env.get(v) if _jaxpr.is_jaxpr_var(v) else None
              for v in jaxpr.outvars]
   kept = _outputs(jaxpr, out_phases, out_paths, donated)
-  held = {outputs[k]: value for k, value in kept.items()
-          if outputs[k] is not None and outputs[k] not in inputs}
+  held: dict[int, LiveValue] = {}
+  for k, value in kept.items():
+    out = outputs[k]
+    if out is not None and out not in inputs:
+      held[out] = value
   # memory_analysis() counts every output for the whole step; XLA lays
   # temporaries in an output's buffer before the output is written only
   # some of the time, which this model leaves out.

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
+from typing import cast
 
 import jax
 import numpy as np
@@ -72,7 +73,8 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
     # evaluating the jaxpr would hand it over as a plain number, folded into
     # the backward program and never listed. So each one enters as a value
     # of the enclosing trace.
-    values = [jax.lax.convert_element_type(v, jax.numpy.dtype(a.aval.dtype))
+    values = [jax.lax.convert_element_type(
+                  v, jax.numpy.dtype(cast("jax.core.ShapedArray", a.aval).dtype))
               for v, a in zip(literals, lifted.invars, strict=False)]
 
     def loss(*xs):

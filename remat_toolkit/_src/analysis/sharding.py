@@ -131,8 +131,8 @@ def layout_of(leaves: Sequence[Any]) -> Layout:
       abstract mesh and some on devices.
   """
   shardings = [getattr(x, "sharding", None) for x in leaves]
-  meshes = {s.mesh for s in shardings
-            if isinstance(getattr(s, "mesh", None), AbstractMesh)}
+  meshes = {mesh for mesh in (getattr(s, "mesh", None) for s in shardings)
+            if isinstance(mesh, AbstractMesh)}
   devices = device_count(leaves)
   if not meshes:
     return Layout(devices, COMPILED_HERE) if devices > 1 else Layout()

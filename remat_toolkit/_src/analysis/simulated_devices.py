@@ -163,7 +163,8 @@ class _Worker:
   def close(self) -> None:
     if self._process.poll() is None:
       try:
-        self._process.stdin.close()  # the worker ends at end of input
+        if self._process.stdin is not None:  # a pipe: opened with PIPE
+          self._process.stdin.close()  # the worker ends at end of input
         self._process.wait(timeout=10)
       except (OSError, subprocess.TimeoutExpired):
         self._process.kill()
@@ -224,6 +225,7 @@ def serve() -> None:  # pragma: no cover - runs in the subprocess
     request = _receive(requests)
     if request is None:
       return
+    answer: tuple[str, Any]  # the compiled shapes, or the error's text
     try:
       answer = ("ok", _compile(request, meshes))
     except Exception as e:  # noqa: BLE001 - reported to the parent

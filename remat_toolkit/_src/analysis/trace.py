@@ -120,7 +120,7 @@ class TracedProgram:
     self._custom_vjps: list[_jaxpr.KernelForward] | None = None
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
-    self._steps: dict[Any, tuple[Any, int]] = {}
+    self._steps: dict[Any, _residuals.TracedStep] = {}
     # Residual origins per lowering: policies that lower alike (names the
     # model lacks) share one walk of the step.
     self._origins_of: dict[Any, list[_residuals.ResidualOrigin]] = {}
@@ -399,7 +399,7 @@ class TracedProgram:
   def _make_residual(self, o: _residuals.ResidualOrigin) -> Residual:
     label = ""
     path = o.module_path
-    if o.kind == "argument":
+    if o.kind == "argument" and o.arg_index is not None:  # an argument has one
       label = self._paths[o.arg_index]
       path = _path_from_label(label)
     elif self._root:
@@ -426,7 +426,7 @@ class TracedProgram:
     if shares is not None:
       residuals = tuple(dataclasses.replace(r, per_device_nbytes=b)
                         for r, b in zip(residuals, shares, strict=True))
-      per_device = sum(r.per_device_nbytes for r in residuals
+      per_device = sum(b for r, b in zip(residuals, shares, strict=True)
                        if r.kind in COUNTED_KINDS and r.memory_kind == "device")
     notes = [Finding(self._layout.note, "note")] if self._layout.note else []
     recomputed = self.recomputed_kernels(policy)
@@ -450,7 +450,7 @@ class TracedProgram:
 
     Raises:
       ValueError: for arguments on an ``AbstractMesh`` (no devices here to
-        compile for).
+        compile for), or a backend XLA gives no memory analysis on.
     """
     if self._layout.mesh is not None:
       raise ValueError(
@@ -469,6 +469,11 @@ class TracedProgram:
 
     compiled = jax.jit(jax.grad(loss, argnums=diff)).lower(*self._leaves).compile()
     stats = compiled.memory_analysis()
+    if stats is None:
+      raise ValueError(
+          f"compile=True reads XLA's memory analysis, which the "
+          f"{jax.default_backend()!r} backend does not provide; drop "
+          "compile=True.")
     out: dict[str, Any] = {
         "temp_bytes": int(stats.temp_size_in_bytes),
         "argument_bytes": int(stats.argument_size_in_bytes),

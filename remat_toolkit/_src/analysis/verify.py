@@ -38,6 +38,7 @@ import collections
 import dataclasses
 import math
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,7 +93,7 @@ def _names_something(policy: Policy) -> bool:
   return bool(policy.save or policy.offload) or policy.matmuls != "none"
 
 
-def default_tolerances(dtypes: Sequence[Any]) -> tuple[float, float]:
+def default_tolerances(dtypes: Iterable[Any]) -> tuple[float, float]:
   """``(rtol, atol)`` for the narrowest of ``dtypes`` (see :data:`TOLERANCES`).
 
   Example:
@@ -322,7 +323,7 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   # Shared with every other entry point: regions that do not take the
   # policy, and a policy that keeps none of its names.
   unheard = policy_warnings(program, resolved, asked=policy is not None)
-  warnings = list(unheard)
+  warnings: list[str] = list(unheard)
   for extra in (_remat3_warning(resolved), _retrace_warning(fn, args, program)):
     if extra:
       warnings.append(extra)

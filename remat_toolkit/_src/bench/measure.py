@@ -35,6 +35,7 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
+from typing import NamedTuple
 
 import jax
 import optax
@@ -237,7 +238,7 @@ def _compile_and_run(workload: Workload, policies: Sequence[Policy],
 
 
 def _policy_findings(workload: Workload, policies: Sequence[Policy]
-                     ) -> tuple[list[str], frozenset[str]]:
+                     ) -> tuple[list[findings.Finding], frozenset[str]]:
   """The analyzer's warnings for the run, and the policies keeping no name.
 
   One trace of the loss (no compile) says whether the regions take the
@@ -302,13 +303,21 @@ def _run_all(compiled: Sequence[_Compiled], workload: Workload,
   return [records[i] for i in sorted(records)]
 
 
-def _device_memory(device: Any) -> dict[str, int] | None:
+class _DeviceMemory(NamedTuple):
+  """A device's high-water marks (``memory_stats()``); not every backend
+  reports what it reserved."""
+
+  peak: int
+  reserved: int | None
+
+
+def _device_memory(device: Any) -> _DeviceMemory | None:
   stats = device.memory_stats() if hasattr(device, "memory_stats") else None
   if not stats or "peak_bytes_in_use" not in stats:
     return None
   reserved = stats.get("peak_bytes_reserved", stats.get("bytes_reserved"))
-  return {"peak": int(stats["peak_bytes_in_use"]),
-          "reserved": None if reserved is None else int(reserved)}
+  return _DeviceMemory(peak=int(stats["peak_bytes_in_use"]),
+                       reserved=None if reserved is None else int(reserved))
 
 
 def _host_peak_rss() -> int | None:
@@ -363,7 +372,7 @@ def _run_one(item: _Compiled, workload: Workload, init_state: Callable,
   after = _device_memory(device)
   rss_after = _host_peak_rss()
   if after is not None and before is not None:
-    own = after["peak"] > before["peak"]
+    own = after.peak > before.peak
   else:
     own = rss_after is not None and rss_before is not None and rss_after > rss_before
   median = statistics.median(times)
@@ -381,8 +390,8 @@ def _run_one(item: _Compiled, workload: Workload, init_state: Callable,
       temp_bytes=item.memory["temp_bytes"],
       alias_bytes=item.memory["alias_bytes"],
       host_temp_bytes=item.memory["host_temp_bytes"],
-      device_peak_bytes=after and after["peak"],
-      device_reserved_bytes=after and after["reserved"],
+      device_peak_bytes=None if after is None else after.peak,
+      device_reserved_bytes=None if after is None else after.reserved,
       host_peak_rss_bytes=rss_after, measured_peak_is_own=own,
       loss_first=losses[0], loss_last=losses[-1], run_order=order)
 

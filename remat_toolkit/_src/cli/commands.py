@@ -49,6 +49,8 @@ from remat_toolkit._src.cli.shared import policy_list
 from remat_toolkit._src.planning import planner
 from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.results.bench import BatchSearch
+from remat_toolkit._src.results.bench import BenchResult
 from remat_toolkit._src.transform.grouping import group_size
 
 __all__ = ["PARSER_BUILDERS"]
@@ -170,6 +172,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
   common = dict(policies=policy_list(args),
                 time_limit_s=args.time_limit, progress=not args.quiet,
                 **options)
+  result: BatchSearch | BenchResult
   if args.max_batch_under is not None:
     if args.batch is not None:
       raise ValueError("--batch does not apply with --max-batch-under, which "

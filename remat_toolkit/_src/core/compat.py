@@ -22,6 +22,7 @@ from typing import Any
 from typing import NamedTuple
 
 import jax
+import jax.ad_checkpoint  # used below; jax loads it, naming it declares it
 import jax.numpy as jnp
 from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _core
@@ -29,6 +30,13 @@ from jax._src import source_info_util as _source_info_util
 from jax._src.interpreters import partial_eval as _pe
 from jax.extend import core as _ext_core
 from jax.extend import source_info_util as _ext_source_info
+
+# Declared before the imports that may fail, so each name's type admits the
+# None a release without it leaves.
+_call_hi_primitive_p: _core.Primitive | None
+_CustomVJPTraced: type[Any] | None
+_custom_vjp_call_p: _core.Primitive | None
+_custom_lin_p: _core.Primitive | None
 
 try:  # remat3 runs through hijax's call primitive; older releases lack it.
   from jax._src.hijax import call_hi_primitive_p as _call_hi_primitive_p
@@ -84,7 +92,8 @@ remat_p = _ext_core.primitives.remat_p
 
 _CheckpointName = getattr(_ad_checkpoint, "CheckpointName", None)
 _CheckpointNameFwd = getattr(_ad_checkpoint, "CheckpointNameFwd", None)
-_RematTraced = getattr(_ad_checkpoint, "RematTraced", None)
+# Any: a private class, probed because a release may not have it.
+_RematTraced: Any = getattr(_ad_checkpoint, "RematTraced", None)
 _NAME_PRIMS = tuple(t for t in (_CheckpointName, _CheckpointNameFwd)
                     if t is not None)
 
@@ -201,6 +210,11 @@ def enclosing_remat() -> str | None:
 
 # ---------------------------------------------------------------- remat3 flag
 
+# JAX's options, read as attributes. Each is a property JAX adds at run time,
+# which jax 0.10's Config does not declare to a type checker (later ones do).
+_config: Any = jax.config
+
+
 def has_remat3_flag() -> bool:
   """Whether this JAX has the ``jax_remat3`` flag at all."""
   return hasattr(jax.config, "jax_remat3")
@@ -208,7 +222,7 @@ def has_remat3_flag() -> bool:
 
 def remat3_enabled() -> bool:
   """Whether ``jax_remat3`` (the incoming remat implementation) is on."""
-  return has_remat3_flag() and bool(jax.config.jax_remat3)
+  return has_remat3_flag() and bool(_config.jax_remat3)
 
 
 def has_custom_vjp3_flag() -> bool:
@@ -223,7 +237,7 @@ def has_custom_vjp3_flag() -> bool:
 
 def custom_vjp3_enabled() -> bool:
   """Whether ``jax_custom_vjp3`` is on (see :func:`has_custom_vjp3_flag`)."""
-  return has_custom_vjp3_flag() and bool(jax.config.jax_custom_vjp3)
+  return has_custom_vjp3_flag() and bool(_config.jax_custom_vjp3)
 
 
 def is_cudnn_unavailable(err: BaseException) -> bool:
@@ -861,6 +875,8 @@ def custom_vjp_forward(eqn: JaxprEqn) -> Jaxpr | None:
   if not is_custom_vjp_call(eqn):
     return None
   thunk = eqn.params.get("fwd_jaxpr_thunk")
+  if thunk is None:
+    return None
   primals = len(eqn.invars) - int(eqn.params.get("num_consts", 0))
   try:
     fwd, _ = thunk.call_wrapped(*([True] * primals))
@@ -1133,6 +1149,7 @@ def is_nnx_node_states(x: Any) -> bool:
 
 # ---------------------------------------------------------------- custom_vjp
 
+_CustomVJP3: type[Any] | None
 try:  # the class jax.custom_vjp returns under jax_custom_vjp3
   from jax._src.hijax import custom_vjp3 as _CustomVJP3
 except ImportError:  # pragma: no cover - depends on the JAX release

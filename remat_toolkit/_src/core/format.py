@@ -67,13 +67,14 @@ def parse_bytes(value: int | float | str) -> int:
     number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = text[len(number):] or "b"
     try:
-      amount = float(number)
+      parsed: float | None = float(number)
     except ValueError:
-      amount = None
-    if amount is None or unit not in _PARSE_UNITS:
+      parsed = None
+    if parsed is None or unit not in _PARSE_UNITS:
       raise ValueError(
           f"{value!r} is not a memory size; write bytes as a number or a "
           "string such as '512MiB', '8GiB' (binary) or '1.5GB' (decimal).")
+    amount = parsed
   if not math.isfinite(amount):
     raise ValueError(f"A memory size must be finite, got {value!r}.")
   if amount < 0:

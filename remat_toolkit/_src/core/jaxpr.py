@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
+from typing import cast
 
 import jax
 import numpy as np
@@ -381,17 +382,19 @@ def offload_destination(eqn: JaxprEqn) -> str | None:
 
 # ---------------------------------------------------------------- FLOPs
 
+# A matmul's or a convolution's operands are arrays, whose avals have shapes.
+
 def _dot_flops(eqn: JaxprEqn) -> int:
   (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-  lhs = eqn.invars[0].aval
-  out = eqn.outvars[0].aval
+  lhs = cast("jax.core.ShapedArray", eqn.invars[0].aval)
+  out = cast("jax.core.ShapedArray", eqn.outvars[0].aval)
   k = np.prod([lhs.shape[d] for d in lhs_contract], dtype=np.int64)
   return 2 * int(np.prod(out.shape, dtype=np.int64)) * int(k)
 
 
 def _conv_flops(eqn: JaxprEqn) -> int:
-  rhs = eqn.invars[1].aval
-  out = eqn.outvars[0].aval
+  rhs = cast("jax.core.ShapedArray", eqn.invars[1].aval)
+  out = cast("jax.core.ShapedArray", eqn.outvars[0].aval)
   rhs_spec = eqn.params["dimension_numbers"].rhs_spec  # (out, in, *spatial)
   kernel = int(np.prod([rhs.shape[d] for d in rhs_spec[2:]], dtype=np.int64))
   in_per_group = rhs.shape[rhs_spec[1]]

@@ -134,7 +134,7 @@ def _batch_search_text(search: BatchSearch) -> str:
   body = []
   for f in search.fits.values():
     over = ("cap reached" if f.hit_cap else
-            f"{f.over_batch} ({fmt.format_bytes(f.over_bytes)})")
+            f"{f.over_batch} ({_bytes_or_dash(f.over_bytes)})")
     ratio = (f"{f.batch / base.batch:.2f}x" if base and base.batch else "-")
     body.append([f.policy, str(f.batch), ratio, _bytes_or_dash(f.bytes),
                  over, str(len(f.tries))])

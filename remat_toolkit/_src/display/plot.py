@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from typing import Any
+from typing import cast
 
 from remat_toolkit._src.core.pareto import pareto_flags
 from remat_toolkit._src.display.common import require
@@ -184,6 +185,9 @@ _OFFSETS = ((4, 3), (4, -9), (-4, 3), (-4, -9), (4, 10), (-4, 10), (4, -16),
             (-4, -16), (4, 17), (-4, 17), (4, -23), (-4, -23))
 _FONT = 7
 
+_Box = tuple[float, float, float, float]  # left, bottom, right, top (pixels)
+_Placing = tuple[float, int, int, _Box]  # its overlap, its offset, its box
+
 
 def _place_labels(ax: Any, labels: list[tuple[float, float, str]],
                   points: list[tuple[float, float]]) -> None:
@@ -196,7 +200,7 @@ def _place_labels(ax: Any, labels: list[tuple[float, float, str]],
   per_point = fig.dpi / 72
   left, bottom, right, top = ax.get_window_extent().extents
   dots = [tuple(to_pixels(xy)) for xy in points]
-  placed: list[tuple[float, float, float, float]] = []
+  placed: list[_Box] = []
 
   def overlap(a, b) -> float:
     dx = min(a[2], b[2]) - max(a[0], b[0])
@@ -208,7 +212,7 @@ def _place_labels(ax: Any, labels: list[tuple[float, float, str]],
     px, py = to_pixels((x, y))
     width = 0.6 * _FONT * len(text) * per_point
     height = 1.2 * _FONT * per_point
-    best = None
+    best: _Placing | None = None
     for dx, dy in _OFFSETS:
       x0 = px + dx * per_point - (width if dx < 0 else 0)
       y0 = py + dy * per_point
@@ -222,7 +226,7 @@ def _place_labels(ax: Any, labels: list[tuple[float, float, str]],
         best = (cost, dx, dy, box)
       if cost == 0:
         break
-    _, dx, dy, box = best
+    _, dx, dy, box = cast(_Placing, best)  # _OFFSETS is not empty: one was tried
     placed.append(box)
     ax.annotate(text, (x, y), fontsize=_FONT, xytext=(dx, dy),
                 textcoords="offset points", ha="right" if dx < 0 else "left",

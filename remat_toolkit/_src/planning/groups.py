@@ -11,6 +11,7 @@ the layouts that fit wins.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -42,15 +43,20 @@ def layouts(groups: Any, sizes: Sequence[Any] | None) -> list[Layout]:
     if sizes is not None:
       raise ValueError("group_sizes only applies when groups is a callable; "
                        "with a mapping its keys are the group sizes.")
-    return [(g, (lambda v=v: v)) for g, v in groups.items()]
+    return [(g, _returning(v)) for g, v in groups.items()]
   if callable(groups):
     chosen = DEFAULT_GROUP_SIZES if sizes is None else tuple(sizes)
     if not chosen:
       raise ValueError("group_sizes is empty; give at least one group size.")
-    return [(g, (lambda g=g: groups(g))) for g in chosen]
+    return [(g, functools.partial(groups, g)) for g in chosen]
   raise TypeError(
       f"groups must be a mapping group size -> (fn, args) or a callable "
       f"group size -> (fn, args), got {groups!r}.")
+
+
+def _returning(value: Any) -> Callable[[], Any]:
+  """A thunk giving ``value``."""
+  return lambda: value
 
 
 def _unpack_layout(group: Any, value: Any) -> tuple[Callable[..., Any], tuple]:
@@ -121,9 +127,9 @@ def _plan_layout(group: Any, planner: Any, limit: int, search: dict
 def _nothing_fits(limit: int, estimates: Sequence[GroupEstimate],
                   bounds: str) -> ValueError:
   which = "predicted" if bounds == PEAK else "estimated"
-  peaks = [e.peak_bytes if bounds == PEAK else e.estimated_peak
-           for e in estimates]
-  peaks = [p for p in peaks if p]
+  figures = [e.peak_bytes if bounds == PEAK else e.estimated_peak
+             for e in estimates]
+  peaks = [p for p in figures if p]
   least = (f"; the smallest {which} peak of any layout is "
            f"{format_bytes(min(peaks))} ({min(peaks)} bytes)") if peaks else ""
   return ValueError(

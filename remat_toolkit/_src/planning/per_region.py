@@ -43,6 +43,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from typing import Protocol
+from typing import cast
 
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.planning.choices import Evaluator
@@ -110,8 +111,8 @@ class Measurer(Protocol):
   allow_offload: bool
   evaluate: Evaluator
 
-  def as_choice(self, policy: Policy) -> Choice | None:
-    """The choice a catalogue policy makes, if it is one."""
+  def as_choice(self, policy: Policy) -> Choice:
+    """The choice a catalogue policy makes."""
 
   def choice_policy(self, choice: Choice) -> Policy:
     """The policy that makes ``choice``."""
@@ -164,7 +165,7 @@ class RegionPlanner:
     if cache_key not in self._measured:
       policy = self.planner.choice_policy(choice)
       per_region = Policy(name="plan-candidate",
-                          regions=[(k, policy) for k in keys])
+                          regions=tuple((k, policy) for k in keys))
       self._measured[cache_key] = self.planner.evaluate.policy(per_region)
     return self._measured[cache_key]
 
@@ -253,7 +254,8 @@ class RegionPlanner:
     program under ``mix``, from the per-region numbers."""
     base = self._base
     picked = self._picked(mix)
-    boundary = [kind.boundary for kind, _ in self._groups]
+    # Set on every kind when it was measured (_measure_kind).
+    boundary = [cast(Candidate, kind.boundary) for kind, _ in self._groups]
     flops = base.recompute_flops + sum(
         c.recompute_flops - b.recompute_flops
         for c, b in zip(picked, boundary, strict=True))

@@ -80,6 +80,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import TypeVar
+from typing import cast
 
 import jax
 
@@ -354,7 +355,7 @@ class Planner:
     best, complete = self._solve(limits, max_evaluations)
     if best is None:
       raise self.infeasible(limit, complete, bounds)
-    choice = best.choice
+    choice = best.chosen()
     policy = choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
                             describe(choice, limit, best, bounds,
                                      self.per_device))
@@ -390,14 +391,17 @@ class Planner:
     # with less recompute than the bisection's plan.
     named = [o for o in self._named.values()
              if o.choice is not None and o.host_bytes <= hosts]
+    # Built apart: inside the call, its type would come from search_peak's
+    # parameter, which lets None through as a candidate.
+    cached = _cached_solve(solve, lambda o: o.device_bytes)
     best = self.search_peak(
-        _cached_solve(solve, lambda o: o.device_bytes),
-        lambda o: (o, self.choice_policy(o.choice), _label(o.choice)),
+        cached,
+        lambda o: (o, self.choice_policy(o.chosen()), _label(o.chosen())),
         self.smallest().device_bytes, self.everything_bytes, limit, compile,
         named)
     if best is None:
       raise self.infeasible(limit, complete, PEAK)
-    choice = best.choice
+    choice = best.chosen()
     peak = self.step_peak(self.choice_policy(choice), best, compile=compile)
     policy = choice_policy(choice, f"plan-{self.model_id}-{choice.digest()}",
                             describe(choice, limit, best, PEAK,
@@ -450,7 +454,7 @@ class Planner:
       return peak(found).bytes
 
     def xla(found: _Found) -> int:
-      return peak(found, True).xla_bytes
+      return cast(int, peak(found, True).xla_bytes)  # compiled: XLA's figure
 
     best = largest_fitting(solve, predicted, kept, lo, hi, limit)
     fitting = [c for c in others if predicted(c) <= limit]
@@ -541,7 +545,7 @@ class Planner:
       self._search(search, limits, max_evaluations)
     # else nothing recomputes less than what already fits: no search needed.
     best = search.best
-    if best is not None and not best.choice.mode:
+    if best is not None and not best.chosen().mode:
       best = drop_useless(self.evaluate, best, limits)
     return best, search.complete
 
@@ -596,7 +600,7 @@ class Planner:
       return self._no_peak_fits(budget, why)
     peak = bounds == ESTIMATED_PEAK
     small = self.smallest()
-    label = _label(small.choice)
+    label = _label(small.chosen())
     what = "peak budget" if peak else "activation budget"
     what = f"per-device {what}" if self.per_device else what
     least, measure = small.device_bytes, "activation memory"
@@ -621,8 +625,10 @@ class Planner:
     peak = self._peaks[least]
     compiled = ""
     if self._xla_peaks:
-      xla = min(self._xla_peaks, key=lambda p: self._xla_peaks[p].xla_bytes)
-      figure = self._xla_peaks[xla].xla_bytes
+      # Each compiled peak has XLA's figure.
+      figures = {p: cast(int, k.xla_bytes) for p, k in self._xla_peaks.items()}
+      xla = min(figures, key=figures.__getitem__)
+      figure = figures[xla]
       compiled = (f"; the least XLA figure compiled is {format_bytes(figure)} "
                   f"({figure} bytes, {self._peak_labels[xla]})")
     return ValueError(
@@ -881,8 +887,9 @@ def plan(fn: Callable[..., Any], *args: Any, budget: int | str,
   rates = dict(allow_offload=allow_offload, host_bandwidth=host_bandwidth,
                device_flops=device_flops, per_device=per_device,
                optimizer=optimizer)
-  search = dict(host_budget=host_budget, max_evaluations=max_evaluations,
-                per_layer=per_layer, bounds=bounds, compile=compile)
+  search: dict[str, Any] = dict(
+      host_budget=host_budget, max_evaluations=max_evaluations,
+      per_layer=per_layer, bounds=bounds, compile=compile)
   if groups is None:
     result = Planner(fn, *args, **rates).plan(limit, **search)
   else:
@@ -990,10 +997,12 @@ def plan_per_region_peak(planner: Planner, limit: int, host: int | None,
     policy = region_policy(planner, regions.assignment(found[1]))
     return found[0], policy, f"the per-region mix {policy.name}"
 
-  best = planner.search_peak(
-      _cached_solve(lambda kept: _region_best(planner, Limits(kept, hosts)),
-                    lambda found: found[0].device_bytes),
-      describe_found, min(devices), max(devices), limit, compile)
+  # Built apart: inside the call, its type would come from search_peak's
+  # parameter, which lets None through as a candidate.
+  cached = _cached_solve(lambda kept: _region_best(planner, Limits(kept, hosts)),
+                         lambda found: found[0].device_bytes)
+  best = planner.search_peak(cached, describe_found, min(devices), max(devices),
+                             limit, compile)
   if best is None:
     raise planner.infeasible(limit, True, PEAK)
   peak = planner.step_peak(describe_found(best)[1], best[0], compile=compile)
@@ -1008,11 +1017,11 @@ def region_policy(planner: Planner, assignment: Sequence[tuple[str, Candidate]],
                   bounds: str = "", compiled: bool = False) -> Policy:
   """The per-region policy giving each region its candidate's policy, named
   for the model and the assignment."""
-  pairs = [(key, c.policy) for key, c in assignment]
+  pairs = tuple((key, c.policy) for key, c in assignment)
   digest = hashlib.sha1(json.dumps(
       [[k, p.name] for k, p in pairs]).encode()).hexdigest()[:8]
   description = ""
-  if outcome is not None:
+  if outcome is not None and budget is not None:  # a plan's: given together
     bound = describe_bound(bounds, planner.per_device, compiled)
     counts = Policy(name="counts", regions=pairs).keeps_summary()
     description = (

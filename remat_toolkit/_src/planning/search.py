@@ -79,6 +79,17 @@ class Outcome:
   def key(self) -> tuple[float, int, int]:
     return (self.cost, self.device_bytes, self.host_bytes)
 
+  def chosen(self) -> Choice:
+    """:attr:`choice`, of an outcome the search made (which always has one).
+
+    Raises:
+      RuntimeError: for the outcome of a policy no choice expresses.
+    """
+    if self.choice is None:
+      raise RuntimeError("a search outcome without a choice of names; please "
+                         "report this.")
+    return self.choice
+
 
 Evaluate = Callable[[Choice], Outcome]
 
@@ -170,10 +181,10 @@ class Search:
 
 def drop_useless(evaluate: Evaluate, best: Outcome, limits: Limits) -> Outcome:
   """Drops kept names whose removal costs no recompute and no bytes."""
-  for name in sorted(best.choice.save,
+  for name in sorted(best.chosen().save,
                      key=lambda n: -best.device_by_name.get(n, 0)):
-    trial = evaluate(dataclasses.replace(best.choice,
-                                         save=best.choice.save - {name}))
+    choice = best.chosen()
+    trial = evaluate(dataclasses.replace(choice, save=choice.save - {name}))
     if (limits.fit(trial) and trial.cost <= best.cost
         and trial.device_bytes <= best.device_bytes):
       best = trial
@@ -204,8 +215,9 @@ class AdditiveModel:
     An exact dynamic programme over the predicted (device, host, cost)
     states, dropping states another state beats on all three.
     """
-    states = [(self.base.device_bytes, 0, self.base.cost, frozenset(),
-               frozenset())]
+    # (device bytes, host bytes, cost, names kept, names offloaded)
+    states: list[tuple[Any, ...]] = [(self.base.device_bytes, 0, self.base.cost,
+                                      frozenset(), frozenset())]
     shrink = [0] * (len(self.items) + 1)  # most bytes the rest could free
     for i in range(len(self.items) - 1, -1, -1):
       shrink[i] = shrink[i + 1] + max(-self.items[i][1], 0)

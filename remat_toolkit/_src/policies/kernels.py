@@ -88,11 +88,11 @@ def tag_residuals(kernel: Callable[..., Any], name: str) -> Callable[..., Any]:
     >>> float(jax.grad(named)(0.0))
     2.0
   """
-  rules = _rules_of(kernel)
+  rules, fwd, bwd = _rules_of(kernel)
   _check_name(name)
 
   def named_fwd(*args: Any) -> tuple[Any, Any]:
-    out, residuals = rules.fwd(*args)
+    out, residuals = fwd(*args)
     inputs = _input_ids(args)
     named: dict[int, Any] = {}
 
@@ -110,12 +110,14 @@ def tag_residuals(kernel: Callable[..., Any], name: str) -> Callable[..., Any]:
     return out, residuals
 
   copy = jax.custom_vjp(rules.fun, nondiff_argnums=rules.nondiff_argnums)
-  copy.defvjp(named_fwd, rules.bwd, symbolic_zeros=rules.symbolic_zeros,
+  copy.defvjp(named_fwd, bwd, symbolic_zeros=rules.symbolic_zeros,
               optimize_remat=rules.optimize_remat)
   return copy
 
 
-def _rules_of(kernel: Any) -> compat.CustomVJPRules:
+def _rules_of(kernel: Any) -> tuple[compat.CustomVJPRules, Callable[..., Any],
+                                    Callable[..., Any]]:
+  """``kernel``'s rules, with its forward and backward rule (both defined)."""
   rules = compat.custom_vjp_rules(kernel)
   if rules is None:
     raise TypeError(
@@ -130,7 +132,7 @@ def _rules_of(kernel: Any) -> compat.CustomVJPRules:
         f"defvjp(fwd, bwd); {how} ({kernel!r}). Call kernel.defvjp(fwd, bwd) "
         "first, or put checkpoint_name on the residuals inside its forward "
         "rule.")
-  return rules
+  return rules, rules.fwd, rules.bwd
 
 
 def _check_name(name: Any) -> None:

@@ -169,6 +169,9 @@ def region_jax_policy(region: RegionPolicy, names: Iterable[str] | None = None,
     return substitute.marker(region.key)
   if substitute is not None:
     return substitute
+  if region.policy is None:  # region_policy leaves it out only for a substitute
+    raise RuntimeError(f"region {region.key!r} has neither a policy nor a "
+                       "stand-in; please report this.")
   if region.uncovered is not None:
     _warn_if_uncovered(region.uncovered, region.key)
   return region.policy.to_jax(names, region=region.key)

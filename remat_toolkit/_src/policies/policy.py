@@ -396,13 +396,13 @@ def _as_regions(name: str, regions: Any) -> tuple[tuple[str, Policy], ...]:
   """``regions`` as validated ``(key, Policy)`` pairs, in the order given."""
   if not regions:
     return ()
-  pairs = list(regions.items()) if hasattr(regions, "items") else regions
-  if isinstance(pairs, (str, bytes)):
-    pairs = None
-  try:
-    pairs = [tuple(pair) for pair in pairs]
-  except TypeError:
-    pairs = None
+  given = list(regions.items()) if hasattr(regions, "items") else regions
+  pairs: list[tuple[Any, ...]] | None = None
+  if not isinstance(given, (str, bytes)):
+    try:
+      pairs = [tuple(pair) for pair in given]
+    except TypeError:
+      pairs = None
   if pairs is None or any(len(pair) != 2 for pair in pairs):
     raise TypeError(
         f"Policy.regions must map region keys to policies, got {regions!r}; "

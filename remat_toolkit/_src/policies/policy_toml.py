@@ -58,7 +58,7 @@ _FIELDS: dict[str, str] = {
     "regions": "a table of region key (or glob) = policy name",
     "policies": "an array of policy tables ([[policies]])",
 }
-_TYPES: dict[str, type] = {
+_TYPES: dict[str, type[Any]] = {
     "name": str, "description": str, "aliases": list, "save": list,
     "offload": list, "exclude": list, "matmuls": str, "offload_src": str, "offload_dst": str,
     "save_everything": bool, "regions": dict, "policies": list,
@@ -103,8 +103,9 @@ def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy"
         isinstance(v, item_type) for v in items):
       raise ValueError(
           f"{source}: key {key!r} must be {_FIELDS[key]}, got {value!r}.")
-  fields = {k: tuple(v) if isinstance(v, list) else v
-            for k, v in data.items() if k not in ("regions", "policies")}
+  fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                            for k, v in data.items()
+                            if k not in ("regions", "policies")}
   if "policies" in data and "regions" not in data:
     raise ValueError(f"{source}: key 'policies' defines the policies of a "
                      "per-region policy, but there is no [regions] table.")
@@ -119,7 +120,7 @@ def policy_from_mapping(data: Mapping[str, Any], *, source: str = "policy"
 def _regions(data: Mapping[str, Any], source: str) -> list[tuple[str, Any]]:
   """The ``[regions]`` table with its policy names resolved: those defined
   in the file's ``[[policies]]`` first, then the catalogue's."""
-  defined = {}
+  defined: dict[str, Policy] = {}
   for i, table in enumerate(data.get("policies", [])):
     policy = policy_from_mapping(table, source=f"{source} [[policies]] #{i}")
     if policy.is_per_region:
@@ -128,16 +129,16 @@ def _regions(data: Mapping[str, Any], source: str) -> list[tuple[str, Any]]:
     defined[policy.key] = policy
   out = []
   for region, name in data["regions"].items():
-    policy = defined.get(normalize_name(name))
-    if policy is None:
+    found = defined.get(normalize_name(name))
+    if found is None:
       try:
-        policy = lookup_policy(name)
+        found = lookup_policy(name)
       except ValueError as e:
         raise ValueError(
             f"{source}: region {region!r} names the policy {name!r}, which "
             f"neither the file's [[policies]] nor the catalogue defines: "
             f"{e}") from None
-    out.append((region, policy))
+    out.append((region, found))
   return out
 
 

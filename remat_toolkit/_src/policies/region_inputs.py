@@ -114,8 +114,8 @@ def name_body_inputs(body: Any, mask: Sequence[bool]) -> Any:
   named = [False] * (len(body.invars) - len(mask)) + list(mask)
 
   def run(*xs):
-    xs = [name_inputs(x) if n else x for x, n in zip(xs, named, strict=True)]
-    return compat.eval_jaxpr(body, [], *xs)
+    given = [name_inputs(x) if n else x for x, n in zip(xs, named, strict=True)]
+    return compat.eval_jaxpr(body, [], *given)
 
   closed = jax.make_jaxpr(run)(*(v.aval for v in body.invars))
   if compat.jaxpr_consts(closed):  # a remat body takes its constants as inputs

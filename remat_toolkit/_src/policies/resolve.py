@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from typing import TypeGuard
 
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.policies import ambient
@@ -60,7 +61,7 @@ _ACCEPTED = ("a policy name (see remat_toolkit.list_policies()), the path of "
              "(the ambient policy)")
 
 
-def is_policy_file(value: Any) -> bool:
+def is_policy_file(value: Any) -> TypeGuard[str | os.PathLike]:
   """Whether ``value`` names a policy file rather than a catalogue entry:
   a path object, or a string ending in ``.toml`` or holding a separator."""
   if isinstance(value, os.PathLike):
@@ -196,7 +197,9 @@ def split_runnable(policies: Sequence[Policy]
     ``(runnable, skipped)``, ``skipped`` mapping each name to the reason of
     :func:`unrunnable_reason`, for the result's table and warnings.
   """
-  runnable, skipped = [], {}
+  runnable: list[Policy] = []
+  # Each reason is a Finding, typed as the str it is: callers add plain ones.
+  skipped: dict[str, str] = {}
   for p in policies:
     reason = unrunnable_reason(p)
     if reason is None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
+from typing import cast
 
 from remat_toolkit._src.core.format import format_bytes
 from remat_toolkit._src.core.format import natural_key
@@ -301,7 +302,7 @@ class ResidualReport(Result):
     """Activation bytes made by each kernel (residuals with a
     :attr:`Residual.kernel`)."""
     return _group((r for r in self.activations if r.kernel),
-                  lambda r: r.kernel)
+                  lambda r: cast(str, r.kernel))  # kept: those with one
 
   def kernel_reruns(self) -> dict[str, tuple[float, int]]:
     """Per kernel whose forward runs again: ``(runs, FLOPs)`` over its call

@@ -122,9 +122,10 @@ def _depth_runs(run: list[Path], modules: Mapping[Path, str],
   """``run``, or the layers of its members when they are all stages."""
   stages = [_layers_of_stage(m, modules, composite, runs, flow)
             for m in run]
-  if any(inner is None for inner in stages):
+  known = [inner for inner in stages if inner is not None]
+  if len(known) < len(stages):  # a member that is no stage
     return [run]
-  return [deeper for inner in stages for layers in inner
+  return [deeper for inner in known for layers in inner
           for deeper in _depth_runs(layers, modules, composite, runs, flow)]
 
 

@@ -174,6 +174,7 @@ def _linen_owner(chunk: Sequence[Any]) -> Any:
 def _chunk_region(chunk: tuple[Any, ...], kind: str, index: int,
                   policy: PolicyLike, prevent_cse: bool, where: str
                   ) -> Callable[..., Any]:
+  fn: Callable[..., Any]  # the two take different arguments
   if kind == "linen":
     def linen_group(owner, layers, x, **kwargs):
       del owner  # lifted so that the layers' variables and rngs are too

@@ -97,9 +97,9 @@ def _scoped_class(cls: type, path: tuple[str, ...]) -> type | None:
   cls = _unscoped(cls)
   key = (cls, path)
   if key not in _scoped_classes:
-    namespace = {name: _scoped_method(getattr(cls, name), path, name,
-                                      cls.__name__)
-                 for name in _scoped_method_names(cls)}
+    namespace: dict[str, Any] = {
+        name: _scoped_method(getattr(cls, name), path, name, cls.__name__)
+        for name in _scoped_method_names(cls)}
     namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__,
                      _remat_toolkit_path=path, _remat_toolkit_unscoped=cls)
     try:

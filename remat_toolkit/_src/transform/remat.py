@@ -388,8 +388,8 @@ def _call_nnx(fn: Callable[..., Any], spec: RegionSpec, args: tuple,
         return _NodeSlot(len(states) - 1)
       return x
 
-    slotted = jax.tree_util.tree_map(to_slot, (args_, kwargs_),
-                                     is_leaf=compat.is_nnx_node_states)
+    slotted_args, slotted_kwargs = jax.tree_util.tree_map(
+        to_slot, (args_, kwargs_), is_leaf=compat.is_nnx_node_states)
 
     def pure(_rt_states, *a, **kw):
       a, kw = jax.tree_util.tree_map(
@@ -397,7 +397,8 @@ def _call_nnx(fn: Callable[..., Any], spec: RegionSpec, args: tuple,
           (a, kw), is_leaf=lambda x: isinstance(x, _NodeSlot))
       return merged(a, kw)
 
-    return _checkpoint_pure(pure, spec, (tuple(states),), *slotted, key=key)
+    return _checkpoint_pure(pure, spec, (tuple(states),), slotted_args,
+                            slotted_kwargs, key=key)
 
   modules = [x for x in jax.tree_util.tree_leaves(
       (args, kwargs), is_leaf=_is_nnx_node) if isinstance(x, nnx.Module)]
@@ -540,7 +541,8 @@ def remat(target: Any = None, policy: PolicyLike = None, *,
   static = _normalize_static_argnums(static_argnums, where)
   cse = True if prevent_cse is None else bool(prevent_cse)
   if _is_linen_class(target):
-    cls = target.func if isinstance(target, functools.partial) else target
+    # A linen Module class (_is_linen_class), maybe under functools.partial.
+    cls: Any = target.func if isinstance(target, functools.partial) else target
     spec = region_spec(cls.__call__, policy, cse, static, where, method=True)
     return compat.linen_lift_transform(linen_transform, target, spec=spec)
   if _is_nnx_class(target):

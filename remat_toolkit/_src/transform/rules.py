@@ -402,7 +402,8 @@ def _linen_with_rules(model: Any, rules: _Rules | None, tag_outputs: bool,
 
 # ---------------------------------------------------------------- NNX
 
-_nnx_classes: dict[tuple[type, str, Any, bool], type] = {}
+# By (class, "region", where, policy) or (class, "tag", name, True).
+_nnx_classes: dict[tuple[type, str, str, Any], type] = {}
 
 # Summaries of the NNX models remat_modules returned, by id, held no longer
 # than the models (an attribute would change the model's graph definition,
@@ -614,9 +615,9 @@ def remat_summary(model: Any) -> RematSummary:
   state = getattr(type(model), "_remat_toolkit_model", None)
   if isinstance(state, _LinenModel):
     return state.summary
-  ref, summary = _nnx_summaries.get(id(model), (None, None))
-  if ref is not None and ref() is model:
-    return summary
+  entry = _nnx_summaries.get(id(model))
+  if entry is not None and entry[0]() is model:
+    return entry[1]
   raise TypeError(
       f"remat_summary takes a model returned by rt.remat_modules, got "
       f"{type(model).__name__}; call it on that model (for NNX, the copy "

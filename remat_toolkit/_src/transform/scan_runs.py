@@ -247,7 +247,10 @@ def _as_mapping_like(tree: Any, parts: dict[str, Any]) -> Any:
     return parts
   # An nnx.State holds plain mappings inside (its getter wraps them): nest
   # those, so the result flattens like the state of a module.
-  return type(tree)({k: getattr(v, "raw_mapping", v) for k, v in parts.items()})
+  # A Mapping subclass built from a dict, as nnx.State is (Mapping itself
+  # declares no such constructor).
+  state_type: Any = type(tree)
+  return state_type({k: getattr(v, "raw_mapping", v) for k, v in parts.items()})
 
 
 def _split(stack: Any, runs: Sequence[Run], where: str) -> Any:

@@ -105,7 +105,8 @@ def call_key(args: tuple, kwargs: dict, static_argnums: tuple[int, ...],
   if _fresh_traces.get():
     return None
   leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-  whole = tuple((i, args[i]) for i in static_argnums if i < len(args))
+  whole: tuple[tuple[int | str, Any], ...] = tuple(
+      (i, args[i]) for i in static_argnums if i < len(args))
   whole += tuple((k, kwargs[k]) for k in static_argnames if k in kwargs)
   parts = tuple(("array", compat.abstractify(x)) if is_array(x)
                 else ("static", type(x), x) for x in leaves)
