@@ -8,7 +8,6 @@ from pathlib import Path
 
 import jax
 import pytest
-
 from shared_helpers import markdown_code_blocks
 from shared_helpers import run_markdown_examples
 
