@@ -40,6 +40,7 @@ EXPECTED = {
         "boundary-only", "save-ffn", "4 remat regions"],
     "how-to/apply/models-that-remat-themselves.md": ["4 remat regions", "save-ffn"],
     "how-to/attention-kernels.md": ["[('kernel', 1.0, 4096)]", "'attn.context'", "} ()"],
+    "how-to/which-policy.md": ["recompute-attention-core", "74816 27", "True"],
 }
 
 # A docs example may be left out only for hardware a CI machine does not have.
