@@ -323,7 +323,7 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   # Shared with every other entry point: regions that do not take the
   # policy, and a policy that keeps none of its names.
   unheard = policy_warnings(program, resolved, asked=policy is not None)
-  warnings: list[str] = list(unheard)
+  warnings: list[Finding] = list(unheard)
   for extra in (_remat3_warning(resolved), _retrace_warning(fn, args, program)):
     if extra:
       warnings.append(extra)
