@@ -20,8 +20,7 @@ exit status. A new command is one more pair, appended to
 
 One word, one meaning: ``POLICY`` (positional, or ``--policy``) is a policy to
 run, a catalogue name or a ``.toml`` path; ``--policy-file PATH`` loads the
-policies of a file or folder into the catalogue first (``--policies`` is its
-deprecated spelling).
+policies of a file or folder into the catalogue first.
 
 The commands live in :mod:`cli_catalog` (``list``, ``show``) and
 :mod:`cli_commands` (those that measure a model); what they share in

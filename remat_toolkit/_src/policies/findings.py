@@ -109,7 +109,7 @@ def keeps_none(policy: str, patterns: Sequence[str], present: Sequence[str],
     where: what holds them (``"the regions that take it"``, a region).
   """
   held = (f"the names in {where} are {brief(list(present), 6)}" if present
-          else f"{where} holds no checkpoint name")
+          else f"there is no checkpoint name in {where}")
   return Finding(
       f"policy {policy!r} keeps none of its names in this model: it asks for "
       f"{brief(list(patterns), 4)}, but {held}, so it keeps only the region "
