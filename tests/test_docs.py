@@ -7,6 +7,7 @@ package.
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import re
 from pathlib import Path
@@ -151,3 +152,21 @@ def test_page_examples_run(page, capsys):
   printed = "".join(run_markdown_examples(DOCS / page, capsys).values())
   missing = [fragment for fragment in EXPECTED.get(page, ()) if fragment not in printed]
   assert not missing, f"{page}: its examples did not print {missing}:\n{printed}"
+
+
+def test_api_pages_show_the_values_of_constant_defaults():
+  """A default written as a module constant is shown with its value on the
+  API pages (the docs extension); the reader cannot look the name up."""
+  griffe = pytest.importorskip("griffe")
+  spec = importlib.util.spec_from_file_location(
+      "docs_docstrings", DOCS / "_ext" / "docstrings.py")
+  extension = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(extension)
+  package = griffe.load(
+      "remat_toolkit", search_paths=[str(DOCS.parent)],
+      extensions=griffe.load_extensions(extension.SphinxDocstrings()))
+  defaults = {p.name: str(p.default)
+              for p in package["_src.planning.planner.plan"].parameters}
+  assert defaults["max_evaluations"] == "48"
+  assert defaults["host_bandwidth"] == "2.5e+10"
+  assert not [d for d in defaults.values() if d.startswith("DEFAULT_")]

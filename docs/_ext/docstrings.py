@@ -10,7 +10,10 @@ extension
 - reads a ``Returns:`` section as prose, its type taken from the signature
   (the parser would take the text before a colon for the type);
 - turns a role into a link when it names an object an API page documents
-  (``[`plan`][remat_toolkit.plan]``), otherwise into a code span.
+  (``[`plan`][remat_toolkit.plan]``), otherwise into a code span;
+- shows a parameter whose default is a module constant
+  (``max_evaluations=DEFAULT_MAX_EVALUATIONS``) with the constant's value
+  (``max_evaluations=48``): a reader of the page cannot look the name up.
 
 Only the rendered text changes: the package's source is left as it is.
 """
@@ -61,6 +64,11 @@ class SphinxDocstrings(griffe.Extension):
     for obj in _walk(pkg):
       if obj.docstring is not None:
         obj.docstring.value = self._rewrite(obj.docstring.value)
+      if obj.is_function:
+        for parameter in obj.parameters:
+          value = _constant_value(obj, parameter.default)
+          if value is not None:
+            parameter.default = value
 
   def _rewrite(self, text: str) -> str:
     text = _EXAMPLE_HEADING.sub(r"\1Examples:", text)
@@ -77,6 +85,27 @@ class SphinxDocstrings(griffe.Extension):
     if identifier is None:
       return f"`{shown}`"
     return f"[`{shown}`][{identifier}]"
+
+
+_CONSTANT = re.compile(r"[A-Z][A-Z0-9_]*")
+_LITERAL = re.compile(r"-?[0-9][0-9_.e+-]*|'[^']*'|\"[^\"]*\"")
+
+
+def _constant_value(function: griffe.Object, default: Any) -> str | None:
+  """The literal value of ``default`` when it names a module constant."""
+  if default is None or not _CONSTANT.fullmatch(str(default)):
+    return None
+  try:
+    target = function.module[str(default)]
+  except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+    return None
+  value = getattr(target, "value", None)
+  if value is None or not _LITERAL.fullmatch(str(value)):
+    return None
+  text = str(value)
+  if "." in text and abs(float(text)) >= 1e6:  # 25000000000.0 -> 2.5e+10
+    return format(float(text), "g")
+  return text
 
 
 def _walk(obj: griffe.Object):
