@@ -25,6 +25,9 @@ test using a name outside its module's ``__all__``.
   -- pins each JAX behaviour the compatibility layer relies on, per release,
   read with the jaxpr walks, and what the analyzer's marker policy enters.
 - ``test_layers.py``: none -- reads the package's files, imports nothing of it.
+- ``test_cli_reference.py``: ``cli.main`` -- white-box: the command's parser,
+  which the docs' CLI reference renders, to check every command and option is
+  on the page.
 - ``test_knapsack.py``: ``planning.knapsack`` -- white-box: the exact per-region
   knapsack, a pure solver.
 - ``test_plan_search.py``: ``planning.search`` -- white-box: the plan's branch and

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from typing import Protocol
 from typing import TypeGuard
 
 from remat_toolkit._src.core import compat
@@ -45,7 +46,7 @@ from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.policy import policy_of
 from remat_toolkit._src.policies.policy import unrunnable_reason
 
-__all__ = ["SAVE_EVERYTHING", "BOUNDARY_ONLY", "PolicyLike", "resolve_policy",
+__all__ = ["SAVE_EVERYTHING", "BOUNDARY_ONLY", "PolicyLike", "CarriesPolicy", "resolve_policy",
            "resolve_policies", "require_runnable", "split_runnable",
            "unrunnable_reason", "use_policy", "current_policy",
            "is_policy_file", "declared_policy"]
@@ -53,7 +54,19 @@ __all__ = ["SAVE_EVERYTHING", "BOUNDARY_ONLY", "PolicyLike", "resolve_policy",
 
 
 #: What every ``policy=`` argument accepts (a plan from ``rt.plan`` too).
-PolicyLike = str | os.PathLike | Policy | Callable[..., Any] | Any | None
+class CarriesPolicy(Protocol):
+  """What holds a policy: a plan from ``remat_toolkit.plan`` (known by its
+  ``policy``, so this layer needs no planner)."""
+
+  @property
+  def policy(self) -> Policy: ...
+
+
+#: What every ``policy=`` accepts: a catalogue name or alias, the path of a
+#: ``.toml`` policy file, a :class:`Policy`, a plan, a
+#: ``jax.checkpoint_policies`` policy (a callable), or None for the ambient
+#: policy.
+PolicyLike = str | os.PathLike[str] | Policy | CarriesPolicy | Callable[..., Any] | None
 
 _ACCEPTED = ("a policy name (see remat_toolkit.list_policies()), the path of "
              "a .toml policy file, a remat_toolkit.Policy, a plan from "

@@ -40,6 +40,7 @@ import math
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import cast
 
 from remat_toolkit._src.policies.resolve import PolicyLike
 from remat_toolkit._src.transform import remat as transform
@@ -437,7 +438,8 @@ def scan_layers(block_cls: type, length: int, *,
           block_cls, length, size, runs,
           functools.partial(_single_scan, block_cls, size=size))
     policy = runs[0].policy  # one policy for every region: the single scan
-  policy = transform.validate_policy(policy, where)
+  # No runs: ``policy`` is one policy, not a list of them.
+  policy = transform.validate_policy(cast(PolicyLike, policy), where)
   return _single_scan(block_cls, length, policy, remat, size=size)
 
 
@@ -522,8 +524,8 @@ def _nnx_scan_layers(block_cls: type, length: int, *,
   if runs is not None:
     policy = runs[0].policy
     runs = runs if remat and len(runs) > 1 else None
-  # An unknown name fails now, not at trace time.
-  policy = transform.validate_policy(policy, where)
+  # An unknown name fails now, not at trace time; no runs: one policy.
+  policy = transform.validate_policy(cast(PolicyLike, policy), where)
   spec = _NNXScanSpec(block_cls=block_cls, length=length, size=size,
                       policy=policy, remat=bool(remat), runs=runs)
   return _make_nnx_stack_class(spec)

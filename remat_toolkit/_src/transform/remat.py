@@ -36,6 +36,8 @@ import pathlib
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeVar
+from typing import overload
 
 import jax
 import numpy as np
@@ -484,6 +486,24 @@ def region_from_spec(fn: Callable[..., Any], spec: RegionSpec
     return _checkpoint_cached(fn, spec, traces, args, kwargs)
 
   return region
+
+
+#: What ``remat`` wraps: a function, a method or a Module class, returned as
+#: the same kind of thing.
+_Target = TypeVar("_Target", bound=Callable[..., Any])
+
+
+@overload
+def remat(target: None = None, policy: PolicyLike = None, *,
+          static_argnums: int | Sequence[int] = (),
+          prevent_cse: bool | None = None
+          ) -> Callable[[_Target], _Target]: ...
+
+
+@overload
+def remat(target: _Target, policy: PolicyLike = None, *,
+          static_argnums: int | Sequence[int] = (),
+          prevent_cse: bool | None = None) -> _Target: ...
 
 
 def remat(target: Any = None, policy: PolicyLike = None, *,

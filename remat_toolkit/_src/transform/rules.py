@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
+from typing import TypeVar
 
 import jax
 
@@ -362,6 +363,10 @@ def _discover_linen(model: _LinenModel, module: Any, entry: Any, args: tuple,
   return model.found[key]
 
 
+#: The model ``remat_modules`` is given, returned as the same type.
+_Model = TypeVar("_Model")
+
+
 def _linen_with_rules(model: Any, rules: _Rules | None, tag_outputs: bool,
                       strict: bool) -> Any:
   from flax import linen as nn
@@ -493,8 +498,8 @@ def _nnx_with_rules(model: Any, rules: _Rules | None, tag_outputs: bool,
 
 # ---------------------------------------------------------------- public API
 
-def remat_modules(model: Any, rules: Mapping[str, PolicyLike] | None = None, *,
-                  tag_outputs: bool = True, strict: bool = False) -> Any:
+def remat_modules(model: _Model, rules: Mapping[str, PolicyLike] | None = None,
+                  *, tag_outputs: bool = True, strict: bool = False) -> _Model:
   """Makes every module matched by ``rules``, or every repeated block, one
   remat region.
 
