@@ -15,7 +15,6 @@ Example:
 """
 
 from remat_toolkit._src.policies.policy import Lowering
-from remat_toolkit._src.results.analysis import Breakdown
 from remat_toolkit._src.results.analysis import Comparison
 from remat_toolkit._src.results.analysis import RecomputedKernel
 from remat_toolkit._src.results.analysis import Residual
@@ -25,6 +24,7 @@ from remat_toolkit._src.results.bench import BatchFit
 from remat_toolkit._src.results.bench import BatchSearch
 from remat_toolkit._src.results.bench import BenchRecord
 from remat_toolkit._src.results.bench import BenchResult
+from remat_toolkit._src.results.breakdown import Breakdown
 from remat_toolkit._src.results.peak import LiveTensor
 from remat_toolkit._src.results.peak import Peak
 from remat_toolkit._src.results.peak import XlaBuffer

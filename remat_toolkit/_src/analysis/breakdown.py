@@ -34,7 +34,7 @@ from remat_toolkit._src.analysis.trace import cpu_scheduler_setting
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.resolve import PolicyLike
-from remat_toolkit._src.results.analysis import Breakdown
+from remat_toolkit._src.results.breakdown import Breakdown
 
 __all__ = ["memory_breakdown", "OPTIMIZERS", "resolve_optimizer"]
 

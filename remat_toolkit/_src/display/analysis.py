@@ -10,7 +10,6 @@ from typing import Any
 
 from remat_toolkit._src.core import format as fmt
 from remat_toolkit._src.display.common import require
-from remat_toolkit._src.results.analysis import Breakdown
 from remat_toolkit._src.results.analysis import Comparison
 from remat_toolkit._src.results.analysis import ResidualReport
 from remat_toolkit._src.results.analysis import Verification
@@ -20,6 +19,7 @@ from remat_toolkit._src.results.base import table
 from remat_toolkit._src.results.base import to_dataframe
 from remat_toolkit._src.results.base import to_html
 from remat_toolkit._src.results.base import to_text
+from remat_toolkit._src.results.breakdown import Breakdown
 from remat_toolkit._src.results.regions import RematSummary
 from remat_toolkit._src.transform.discovery import INDEXED as _INDEXED
 

@@ -4,7 +4,7 @@ Nothing here traces or measures: :class:`Search` and :func:`drop_useless`
 call an ``evaluate(choice) -> Outcome`` function they are given (the
 planner's analyzer, or a table in a test), and :class:`AdditiveModel` adds up
 the effects of names measured one at a time. See
-:mod:`remat_toolkit._src.planning.planner` for the stages and the facts of JAX's
+:mod:`remat_toolkit._src.planning.uniform` for the stages and the facts of JAX's
 partial evaluation the branch and bound relies on.
 
 Example:
