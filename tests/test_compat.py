@@ -19,6 +19,7 @@ import pytest
 from shared_helpers import jax_residuals
 
 import remat_toolkit as rt
+from remat_toolkit._src.analysis import flops as _flops
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
 from remat_toolkit._src.policies import lowering
@@ -871,7 +872,7 @@ def test_a_kernel_mark_rides_onto_what_differentiation_makes(policy, remat_mode)
     f = jax.checkpoint(lambda w, x: jnp.sin(_matmul_kernel(w, x)).sum(),
                        policy=policies[policy])
     closed = jax.make_jaxpr(f)(*args)
-    marked = _jaxpr.mark_kernels(closed.jaxpr)
+    marked = _flops.mark_kernels(closed.jaxpr)
 
     def step(*xs):
       def loss(*ys):
@@ -880,7 +881,7 @@ def test_a_kernel_mark_rides_onto_what_differentiation_makes(policy, remat_mode)
 
     traced = jax.make_jaxpr(step)(*args)
   live = compat.dce_jaxpr(traced.jaxpr, [True] * len(traced.jaxpr.outvars))
-  work = _jaxpr.kernel_work(live)
+  work = _flops.kernel_work(live)
   assert list(work) == [("_matmul_kernel", "")]
   matmul = 2 * 2 * 4 * 4
   # The forward and the backward rule's two matmuls; nothing_saveable runs
