@@ -11,19 +11,21 @@ only into the modules named; ``tests/test_layers.py`` reads this list and fails
 on any other import of ``remat_toolkit._src`` from a test, and on a white-box
 test using a name outside its module's ``__all__``.
 
-- ``shared_helpers.py``: ``core.compat``, ``core.jaxpr`` -- the oracle results
-  are checked against, which cannot come from the results: JAX's own
-  ``saved_residuals`` (:func:`jax_residuals`), the remat mode switch
-  (:func:`remat3`), what this JAX release does (the compatibility layer's
-  probes, pinned per release by ``test_compat.py``) and what a traced program
-  holds (remat regions and checkpoint names, encoded differently per mode).
+- ``shared_helpers.py``: ``core.compat``, ``core.jaxpr``, ``analysis.regions``
+  -- the oracle results are checked against, which cannot come from the
+  results: JAX's own ``saved_residuals`` (:func:`jax_residuals`), the remat
+  mode switch (:func:`remat3`), what this JAX release does (the compatibility
+  layer's probes, pinned per release by ``test_compat.py``) and what a traced
+  program holds (remat regions and checkpoint names, encoded differently per
+  mode).
 - ``conftest.py``: ``core.compat``, ``policies.catalog``, ``policies.findings``
   -- the ``remat_mode`` fixture, a catalogue of the built-ins alone
   (``fresh_catalogue``), and trace-time findings raised again as in a fresh
   process (``fresh_trace_warnings``).
-- ``test_compat.py``: ``core.compat``, ``core.jaxpr``, ``policies.lowering``
-  -- pins each JAX behaviour the compatibility layer relies on, per release,
-  read with the jaxpr walks, and what the analyzer's marker policy enters.
+- ``test_compat.py``: ``core.compat``, ``core.jaxpr``, ``policies.lowering``,
+  ``analysis.flops`` -- pins each JAX behaviour the compatibility layer relies
+  on, per release, read with the jaxpr walks and the analyzer's kernel
+  counting, and what the analyzer's marker policy enters.
 - ``test_layers.py``: none -- reads the package's files, imports nothing of it.
 - ``test_cli_reference.py``: ``cli.main`` -- white-box: the command's parser,
   which the docs' CLI reference renders, to check every command and option is
@@ -51,9 +53,10 @@ test using a name outside its module's ``__all__``.
 - ``test_group_size.py``: ``transform.grouping`` -- white-box: layers per region
   for a group size, a pure function, over many layer counts.
 - ``test_internals.py``: ``analysis.trace``, ``analysis.residuals``,
-  ``core.jaxpr`` -- internal invariants whose only visible effect is that
-  public figures do not change (identical layers traced as one shared body),
-  and the jaxpr walks ``rt.verify`` and the residual origins rest on.
+  ``analysis.regions``, ``core.jaxpr`` -- internal invariants whose only
+  visible effect is that public figures do not change (identical layers
+  traced as one shared body), and the jaxpr walks ``rt.verify`` and the
+  residual origins rest on.
 - ``test_peak_model.py``: ``analysis.liveness`` -- white-box:
   the peak's buffer model rule by rule (merged casts, in-place outputs, 16-bit
   products, loop conversions), each switched on and off as the compatibility
@@ -85,6 +88,7 @@ from flax import nnx
 
 import remat_toolkit as rt
 from remat_toolkit.__main__ import main as _cli_main
+from remat_toolkit._src.analysis import regions as _regions
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
 
@@ -299,7 +303,7 @@ def remat_bodies(jaxpr):
 
 
 #: Remat regions in a jaxpr, nested ones and those inside scans included.
-count_remat_regions = _jaxpr.count_remat_regions
+count_remat_regions = _regions.count_remat_regions
 #: Every checkpoint name a jaxpr holds, sub-jaxprs included.
 checkpoint_names = _jaxpr.names_in
 #: The checkpoint name an equation attaches (None if none), in either mode.

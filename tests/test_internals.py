@@ -21,6 +21,7 @@ from shared_helpers import two_block_loss as loss
 
 import remat_toolkit as rt
 from remat_toolkit import models
+from remat_toolkit._src.analysis import regions as _regions
 from remat_toolkit._src.analysis import residuals as _residuals
 from remat_toolkit._src.analysis import trace
 from remat_toolkit._src.core import jaxpr as _jaxpr
@@ -44,7 +45,7 @@ def test_identical_layers_share_one_body_without_changing_the_report(
     bodies = {id(body) for body in remat_bodies(program.jaxpr.jaxpr)}
     assert program.regions == 4 and len(bodies) == 1
     shared = program.report(rt.get_policy("save-attention"))
-    with mock.patch.object(_jaxpr, "share_identical_regions", lambda j, m: j):
+    with mock.patch.object(_regions, "share_identical_regions", lambda j, m: j):
       plain = trace.TracedProgram(fn, args).report(rt.get_policy("save-attention"))
   assert shared.to_dict() == plain.to_dict()
   assert {layer.format(i) for i in range(4)} <= {
@@ -71,7 +72,7 @@ def test_effects_in_remat_regions_walks_nested_regions_and_scans():
     jax.debug.callback(lambda v: None, x.sum())  # outside any region
     return jax.lax.scan(body, x, None, length=3)[0].sum()
 
-  sites = _jaxpr.effects_in_remat_regions(jax.make_jaxpr(f)(X).jaxpr)
+  sites = _regions.effects_in_remat_regions(jax.make_jaxpr(f)(X).jaxpr)
   assert [s.primitive for s in sites] == ["debug_callback"]
   assert sites[0].effects and "test_internals.py" in sites[0].source
 
@@ -82,9 +83,9 @@ def test_strip_remat_removes_every_region(remat_mode):
     return jax.checkpoint(lambda x: jnp.tanh(inner(x)))(x).sum() + loss(w, x)
 
   closed = jax.make_jaxpr(f)(W, X)
-  assert _jaxpr.count_remat_regions(closed.jaxpr) == 4
-  stripped, left = _jaxpr.strip_remat(closed.jaxpr)
-  assert left == 0 and _jaxpr.count_remat_regions(stripped) == 0
+  assert _regions.count_remat_regions(closed.jaxpr) == 4
+  stripped, left = _regions.strip_remat(closed.jaxpr)
+  assert left == 0 and _regions.count_remat_regions(stripped) == 0
   got = jex.core.jaxpr_as_fun(jex.core.ClosedJaxpr(stripped, closed.consts))(
       W, X)[0]
   np.testing.assert_allclose(got, f(W, X), rtol=1e-6)

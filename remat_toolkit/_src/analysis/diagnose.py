@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 from typing import Protocol
 
+from remat_toolkit._src.analysis import flops as _flops
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import format as fmt
-from remat_toolkit._src.core import jaxpr as _jaxpr
 from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies import region_keys
 from remat_toolkit._src.policies.findings import Finding
@@ -67,9 +67,9 @@ class TracedProgram(Protocol):
   @property
   def ambient_names(self) -> frozenset[str]: ...
   @property
-  def ambient_matmuls(self) -> _jaxpr.MatmulCounts: ...
+  def ambient_matmuls(self) -> _flops.MatmulCounts: ...
   @property
-  def ambient_custom_vjps(self) -> list[_jaxpr.KernelForward]: ...
+  def ambient_custom_vjps(self) -> list[_flops.KernelForward]: ...
 
 
 

@@ -24,6 +24,9 @@ from typing import cast
 import jax
 import numpy as np
 
+from remat_toolkit._src.analysis import flops as _flops
+from remat_toolkit._src.analysis import regions as _regions
+from remat_toolkit._src.analysis import sources as _sources
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
 from remat_toolkit._src.core.compat import Jaxpr
@@ -38,14 +41,14 @@ class TracedStep:
   ``jaxpr`` has outvars ``[loss, *residuals]``; ``backward_flops`` counts the
   matmul FLOPs of the backward pass, recomputation included;
   ``kernel_work`` is the work of each marked kernel over the whole step,
-  forward and backward (:func:`_jaxpr.kernel_work`; empty for a program
+  forward and backward (:func:`_flops.kernel_work`; empty for a program
   without kernels).
   """
 
   jaxpr: Any
   num_residuals: int
   backward_flops: int
-  kernel_work: Mapping[tuple[str, str], _jaxpr.KernelWork] = dataclasses.field(
+  kernel_work: Mapping[tuple[str, str], _flops.KernelWork] = dataclasses.field(
       default_factory=dict)
 
 
@@ -64,7 +67,7 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
   dropped.
   """
   remat3 = compat.remat3_enabled()
-  evaluate = compat.eval_jaxpr if remat3 else _jaxpr.eval_with_jitted_regions
+  evaluate = compat.eval_jaxpr if remat3 else _regions.eval_with_jitted_regions
   lifted, literals = _jaxpr.literals_as_invars(jaxpr)
 
   def traced_loss() -> Callable:
@@ -93,11 +96,11 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
   linear = getattr(captured[0], "jaxpr", None)
   if (linear is not None and not remat3 and not kernels
       and not any(map(compat.has_python_transpose, _jaxpr.walk(linear)))):
-    return TracedStep(closed, num_res, _jaxpr.count_matmul_flops(linear))
+    return TracedStep(closed, num_res, _flops.count_matmul_flops(linear))
   live = _traced_step(traced_loss, leaves)
   return TracedStep(closed, num_res,
-                    _jaxpr.count_matmul_flops(live) - forward_flops,
-                    _jaxpr.kernel_work(live) if kernels else {})
+                    _flops.count_matmul_flops(live) - forward_flops,
+                    _flops.kernel_work(live) if kernels else {})
 
 
 def _traced_step(traced_loss: Callable[[], Callable], leaves: list[Any]
@@ -170,7 +173,7 @@ class _OriginTracer:
   and custom_vjp calls, remat regions: :func:`compat.call_body`) are looked
   through, so a residual is named after the equation that made it rather
   than the call it left by. Each is attributed to the kernel that made it,
-  if any: one marked by :func:`_jaxpr.mark_kernels` (the mark rides on what
+  if any: one marked by :func:`_flops.mark_kernels` (the mark rides on what
   JAX derives from it), or a ``pallas_call`` found on the way.
   """
 
@@ -204,7 +207,7 @@ class _OriginTracer:
       made = self._named_producer(eqn, jaxpr)
       return dict(name=name,
                   primitive=made.primitive.name if made is not None else "name",
-                  module_path=path, source=_jaxpr.source_of(eqn),
+                  module_path=path, source=_sources.source_of(eqn),
                   stacked=stacked, host=host,
                   kernel=kernel or (_kernel_of(made) if made else None),
                   activation_matmul=self._multiplies_activations(made))
@@ -232,7 +235,7 @@ class _OriginTracer:
         if found["primitive"] != "input":
           return found
     return dict(name=None, primitive=prim, module_path=path,
-                source=_jaxpr.source_of(eqn), stacked=stacked, host=host,
+                source=_sources.source_of(eqn), stacked=stacked, host=host,
                 kernel=kernel, activation_matmul=self._multiplies_activations(eqn))
 
   def _named_producer(self, eqn: JaxprEqn, jaxpr: Jaxpr) -> JaxprEqn | None:

@@ -59,6 +59,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 
+from remat_toolkit._src.analysis import regions as _regions
 from remat_toolkit._src.analysis import residuals as _residuals
 from remat_toolkit._src.analysis import simulated_devices
 from remat_toolkit._src.core import compat
@@ -238,7 +239,7 @@ def _subprocess_bytes(origins, leaves, step, layout: Layout) -> list[int]:
   # A host callback runs Python of this process: no other process can
   # compile it (jax.export refuses), so say which one and what to do.
   calls = sorted({e.primitive.name for e in _jaxpr.walk(forward)
-                  if e.primitive.name in _jaxpr.CALLBACK_PRIMITIVES})
+                  if e.primitive.name in _regions.CALLBACK_PRIMITIVES})
   if calls:
     raise ValueError(
         f"fn cannot be compiled for the {layout.devices} devices of "

@@ -30,8 +30,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from remat_toolkit._src.analysis import flops as _flops
+from remat_toolkit._src.analysis import regions as _regions
 from remat_toolkit._src.analysis import residuals as _residuals
 from remat_toolkit._src.analysis import sharding as _sharding
+from remat_toolkit._src.analysis import sources as _sources
 from remat_toolkit._src.analysis.diagnose import kernel_warnings
 from remat_toolkit._src.analysis.diagnose import policy_warnings
 from remat_toolkit._src.core import compat
@@ -108,16 +111,16 @@ class TracedProgram:
           f"{jax.tree_util.tree_map(lambda s: f'{s.dtype}{list(s.shape)}', out_shape)}; "
           "reduce it, e.g. return loss.mean().")
     # Marked before regions are shared: identical layers stay identical.
-    closed = closed.replace(jaxpr=_jaxpr.mark_kernels(closed.jaxpr))
-    self.jaxpr = closed.replace(jaxpr=_jaxpr.share_identical_regions(
+    closed = closed.replace(jaxpr=_flops.mark_kernels(closed.jaxpr))
+    self.jaxpr = closed.replace(jaxpr=_regions.share_identical_regions(
         closed.jaxpr, self._markers))
-    self.regions = _jaxpr.count_remat_regions(closed.jaxpr, self._markers)
-    self.forward_flops = _jaxpr.count_matmul_flops(closed.jaxpr)
+    self.regions = _regions.count_remat_regions(closed.jaxpr, self._markers)
+    self.forward_flops = _flops.count_matmul_flops(closed.jaxpr)
     self._root = _root_scope(closed.jaxpr)
     self._region_names = _region_name_sets(self.jaxpr.jaxpr, self._markers)
     self._own_regions: list[tuple[str, str]] | None = None
-    self._matmuls: _jaxpr.MatmulCounts | None = None
-    self._custom_vjps: list[_jaxpr.KernelForward] | None = None
+    self._matmuls: _flops.MatmulCounts | None = None
+    self._custom_vjps: list[_flops.KernelForward] | None = None
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, _residuals.TracedStep] = {}
@@ -125,7 +128,7 @@ class TracedProgram:
     # model lacks) share one walk of the step.
     self._origins_of: dict[Any, list[_residuals.ResidualOrigin]] = {}
     self._baseline_step: _residuals.TracedStep | None = None
-    self.kernel_sites = _jaxpr.kernel_work(closed.jaxpr)
+    self.kernel_sites = _flops.kernel_work(closed.jaxpr)
 
   def _trace(self, flat_fn):
     with lowering.substitute_ambient(self._markers), _sharding.tracing(
@@ -183,7 +186,7 @@ class TracedProgram:
           key = self._markers.key_of(compat.remat_policy_of(eqn))
           body_id = id(compat.remat_body_of(eqn))
           if body_id not in text:
-            text[body_id] = _jaxpr.region_signature(eqn)
+            text[body_id] = _regions.region_signature(eqn)
           signatures.setdefault(key, []).append((text[body_id], trips))
       kinds: dict[tuple, list[str]] = {}
       for key in self.region_keys:
@@ -200,23 +203,23 @@ class TracedProgram:
   def shadowed_regions(self) -> int:
     """Regions reading the ambient policy that sit inside a region with a
     policy of its own (a model that remats itself), where the outer wins."""
-    return _jaxpr.count_shadowed_regions(self.jaxpr.jaxpr, self._markers)
+    return _regions.count_shadowed_regions(self.jaxpr.jaxpr, self._markers)
 
   @property
-  def ambient_matmuls(self) -> _jaxpr.MatmulCounts:
+  def ambient_matmuls(self) -> _flops.MatmulCounts:
     """The matmul equations inside the regions that read the ambient policy."""
     if self._matmuls is None:
-      self._matmuls = _jaxpr.count_region_matmuls(
+      self._matmuls = _flops.count_region_matmuls(
           self.jaxpr.jaxpr,
           lambda eqn: compat.remat_policy_of(eqn) in self._markers)
     return self._matmuls
 
   @property
-  def ambient_custom_vjps(self) -> list[_jaxpr.KernelForward]:
+  def ambient_custom_vjps(self) -> list[_flops.KernelForward]:
     """The ``custom_vjp`` kernels inside the regions that read the ambient
     policy, with the names and matmuls of their forward rules."""
     if self._custom_vjps is None:
-      self._custom_vjps = _jaxpr.custom_vjp_forwards(
+      self._custom_vjps = _flops.custom_vjp_forwards(
           self.jaxpr.jaxpr,
           lambda eqn: compat.remat_policy_of(eqn) in self._markers)
       if self._root:
@@ -291,7 +294,7 @@ class TracedProgram:
         named[(id(body), mask)] = region_inputs.name_body_inputs(body, mask)
       return named[(id(body), mask)]
 
-    return _jaxpr.substitute_policy(
+    return _regions.substitute_policy(
         self.jaxpr.jaxpr, self._markers,
         lambda marker, _: mapping[self._markers.key_of(marker)], body_for)
 
@@ -307,7 +310,7 @@ class TracedProgram:
               kernels=bool(self.kernel_sites))
       except NotImplementedError as e:
         # JAX's remat refuses some effects (io_callback) inside a region.
-        sites = _jaxpr.effects_in_remat_regions(self.jaxpr.jaxpr)
+        sites = _regions.effects_in_remat_regions(self.jaxpr.jaxpr)
         if not sites:
           raise
         where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
@@ -329,7 +332,7 @@ class TracedProgram:
     if self._baseline_step is None:
       if compat.remat3_enabled():
         # jax 0.10's remat3 everything_saveable recomputes un-named values.
-        jaxpr = _jaxpr.inline_regions(self.jaxpr.jaxpr, self._markers)
+        jaxpr = _regions.inline_regions(self.jaxpr.jaxpr, self._markers)
         with _sharding.tracing(self._layout):
           self._baseline_step = _residuals.trace_training_step(
               jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
@@ -352,7 +355,7 @@ class TracedProgram:
                                 per_run)
     found = []
     for site, done in work.items():
-      without = base.get(site, _jaxpr.KernelWork())
+      without = base.get(site, _flops.KernelWork())
       extra = done.flops - without.flops
       launches = done.launches - without.launches
       if extra > 0 or launches > 0:
@@ -524,7 +527,7 @@ def _root_scope(jaxpr) -> str:
 
 
 def _extra_runs(extra_flops: int, extra_launches: int,
-                once: _jaxpr.KernelWork | None) -> float:
+                once: _flops.KernelWork | None) -> float:
   """How many more times a kernel runs, from its extra work and the work of
   its calls in the primal program (``once``): its Pallas launches where it
   has some, else its FLOPs."""
@@ -536,10 +539,10 @@ def _extra_runs(extra_flops: int, extra_launches: int,
   return float(max(extra_launches, 1))
 
 
-def _kernel_work_by_site(work: Mapping[tuple[str, str], _jaxpr.KernelWork],
+def _kernel_work_by_site(work: Mapping[tuple[str, str], _flops.KernelWork],
                          root: str,
                          sites: Mapping[tuple[str, str], Any] | None = None
-                         ) -> dict[tuple[str, str], _jaxpr.KernelWork]:
+                         ) -> dict[tuple[str, str], _flops.KernelWork]:
   """Kernel work keyed by (kernel, module path as residuals read it).
 
   Differentiating a program can stack a call's scopes on scopes JAX kept
@@ -547,13 +550,13 @@ def _kernel_work_by_site(work: Mapping[tuple[str, str], _jaxpr.KernelWork],
   kernel's call site is then the longest of the primal program's ``sites``
   its path starts with.
   """
-  merged: dict[tuple[str, str], _jaxpr.KernelWork] = {}
+  merged: dict[tuple[str, str], _flops.KernelWork] = {}
   for (kernel, path), w in work.items():
     path = _strip_root(path, root) if root else _dedup(path)
     known = [p for k, p in (sites or ()) if k == kernel
              and (path == p or path.startswith(p + "/") or not p)]
     site = (kernel, max(known, key=len) if known else path)
-    total = merged.setdefault(site, _jaxpr.KernelWork())
+    total = merged.setdefault(site, _flops.KernelWork())
     total.flops += w.flops
     total.launches += w.launches
     total.calls += w.calls
@@ -586,7 +589,7 @@ def _region_name_sets(jaxpr, markers) -> dict[str, frozenset[str]]:
     found[key] = found.get(key, frozenset()) | names
     return marker
 
-  _jaxpr.substitute_policy(jaxpr, markers, record)
+  _regions.substitute_policy(jaxpr, markers, record)
   return found
 
 
@@ -623,7 +626,7 @@ def _own_policy_regions(jaxpr, markers, root: str) -> list[tuple[str, str]]:
       continue
     path = _jaxpr.module_path(eqn)
     path = _strip_root(path, root) if root else path
-    where = path or _jaxpr.source_of(eqn) or "the top level"
+    where = path or _sources.source_of(eqn) or "the top level"
     names = _jaxpr.names_in(compat.remat_body_of(eqn))
     found.append((where, _policy_label(compat.remat_policy_of(eqn), names)))
   return found

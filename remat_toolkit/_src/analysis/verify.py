@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from remat_toolkit._src.analysis import regions as _regions
 from remat_toolkit._src.analysis.diagnose import policy_warnings
 from remat_toolkit._src.analysis.diagnose import unmatched_names_warning
 from remat_toolkit._src.analysis.trace import TracedProgram
@@ -202,7 +203,7 @@ def _leaves_out(policy: Policy, present: frozenset[str]) -> bool:
 
 def _effect_warnings(program: TracedProgram) -> list[Finding]:
   out = []
-  for site in _jaxpr.effects_in_remat_regions(program.jaxpr.jaxpr):
+  for site in _regions.effects_in_remat_regions(program.jaxpr.jaxpr):
     where = site.source or site.module_path or "the traced function"
     text = (f"{site.primitive} at {where} is inside a remat region: it runs "
             "in the forward pass and again each time the backward pass "
@@ -334,7 +335,7 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   default = default_tolerances(_jaxpr.float_dtypes_in(program.jaxpr.jaxpr))
   rtol = default[0] if rtol is None else float(rtol)
   atol = default[1] if atol is None else float(atol)
-  reference, left = _jaxpr.strip_remat(program.jaxpr.jaxpr)
+  reference, left = _regions.strip_remat(program.jaxpr.jaxpr)
   reference_text = "the same program with every remat region inlined"
   if left:
     reference_text += (f" ({left} region(s) that captured constants kept "

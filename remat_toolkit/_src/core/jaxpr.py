@@ -4,22 +4,24 @@ Every read of a traced program goes through :func:`walk` (each equation,
 nested jaxprs included) and every change through :func:`rewrite` (a copy
 with some equations replaced or inlined, shared bodies rewritten once). JAX
 specifics come from :mod:`remat_toolkit._src.core.compat`.
+
+What is built on them here reads jaxprs, not the toolkit's intent: the
+checkpoint names a program holds, the values that hold its arguments and
+parameters, memory kinds, literals lifted to inputs, and a text that tells
+two traces apart. The analyzer's own readings (FLOPs and kernels, regions
+under its placeholder policies, where in the user's code an equation was
+made) live in :mod:`remat_toolkit._src.analysis`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-import importlib.util
-import os
-import pathlib
 import re
 import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
-from typing import cast
 
 import jax
 import numpy as np
@@ -119,8 +121,8 @@ def rewrite(jaxpr: Jaxpr, on_eqn: EqnRewrite) -> Jaxpr:
   """A copy of ``jaxpr`` with equations replaced by ``on_eqn``, at any depth.
 
   A nested jaxpr shared by several equations (the unrolled layers of a
-  model after :func:`share_identical_regions`) is rewritten once and stays
-  shared. Unchanged jaxprs are returned as the same object.
+  model, once the analyzer shares identical regions) is rewritten once and
+  stays shared. Unchanged jaxprs are returned as the same object.
   """
   cache: dict[int, Jaxpr] = {}
 
@@ -269,42 +271,6 @@ def walk_with_trips(jaxpr: Jaxpr, trips: int = 1
       yield from walk_with_trips(sub, trips * scan_length(eqn))
 
 
-def region_signature(eqn: JaxprEqn) -> str:
-  """Text equal for remat regions that compute the same thing anywhere.
-
-  The body with the module scopes all its equations share dropped (the
-  unrolled layers of a model differ only there), and the region's input
-  types.
-  """
-  body = compat.remat_body_of(eqn)
-  prefix = _common_scopes(body)
-  if prefix:
-    body = body.replace(eqns=[compat.drop_leading_scopes(e, len(prefix))
-                              for e in body.eqns])
-  inputs = " ".join(v.aval.str_short() for v in eqn.invars)
-  return f"{inputs}\n{body}"
-
-
-def count_remat_regions(jaxpr: Jaxpr, markers: Any = None) -> int:
-  """Remat regions in ``jaxpr`` (only those whose policy is ``in markers``,
-  if given: a container of placeholder policies)."""
-  return sum(1 for e in walk(jaxpr) if compat.is_remat(e) and (
-      markers is None or compat.remat_policy_of(e) in markers))
-
-
-def count_shadowed_regions(jaxpr: Jaxpr, markers: Any) -> int:
-  """Regions whose policy is ``in markers`` nested inside a remat region
-  with a policy of its own: the outer policy decides what they save."""
-  count = 0
-  for eqn in jaxpr.eqns:
-    if compat.is_remat(eqn) and compat.remat_policy_of(eqn) not in markers:
-      count += count_remat_regions(compat.remat_body_of(eqn), markers)
-      continue
-    count += sum(count_shadowed_regions(sub, markers)
-                 for sub in sub_jaxprs(eqn))
-  return count
-
-
 def float_dtypes_in(jaxpr: Jaxpr) -> frozenset[Any]:
   """The floating-point dtypes computed anywhere in ``jaxpr``."""
   found: set[Any] = set()
@@ -333,35 +299,6 @@ def module_path(eqn: JaxprEqn) -> str:
   return "/".join(compat.module_scopes(eqn))
 
 
-# remat_toolkit/, and its built-in models (whose frames are the model's own).
-_PACKAGE_DIR = str(pathlib.Path(__file__).resolve().parents[2]) + os.sep
-_MODELS_DIR = _PACKAGE_DIR + "models" + os.sep
-
-
-@functools.lru_cache(maxsize=1)
-def _flax_lifting_files() -> tuple[str, ...]:
-  spec = importlib.util.find_spec("flax")
-  if spec is None or not spec.origin:
-    return ()
-  nnx_dir = os.path.join(os.path.dirname(spec.origin), "nnx") + os.sep
-  return (nnx_dir + "transforms" + os.sep, nnx_dir + "graph.py",
-          nnx_dir + "graphlib.py", nnx_dir + "extract.py")
-
-
-def _is_toolkit_plumbing(file_name: str) -> bool:
-  # Frames of the toolkit's own wrappers (tag, remat, ...) say nothing about
-  # where in the model a value was made; the built-in models do. NNX regions
-  # are lifted through Flax's split/merge helpers, which say nothing either.
-  if file_name.startswith(_PACKAGE_DIR):
-    return not file_name.startswith(_MODELS_DIR)
-  return file_name.startswith(_flax_lifting_files())
-
-
-def source_of(eqn: JaxprEqn) -> str:
-  """``file:line (function)`` of the user frame that made ``eqn``."""
-  return compat.user_source(eqn, _is_toolkit_plumbing)
-
-
 def memory_kind_of(aval: Any) -> str:
   """``"device"`` or a host memory kind, read from an abstract value."""
   space = getattr(aval, "memory_space", None)
@@ -380,244 +317,7 @@ def offload_destination(eqn: JaxprEqn) -> str | None:
   return None
 
 
-# ---------------------------------------------------------------- FLOPs
-
-# A matmul's or a convolution's operands are arrays, whose avals have shapes.
-
-def _dot_flops(eqn: JaxprEqn) -> int:
-  (lhs_contract, _), _ = eqn.params["dimension_numbers"]
-  lhs = cast("jax.core.ShapedArray", eqn.invars[0].aval)
-  out = cast("jax.core.ShapedArray", eqn.outvars[0].aval)
-  k = np.prod([lhs.shape[d] for d in lhs_contract], dtype=np.int64)
-  return 2 * int(np.prod(out.shape, dtype=np.int64)) * int(k)
-
-
-def _conv_flops(eqn: JaxprEqn) -> int:
-  rhs = cast("jax.core.ShapedArray", eqn.invars[1].aval)
-  out = cast("jax.core.ShapedArray", eqn.outvars[0].aval)
-  rhs_spec = eqn.params["dimension_numbers"].rhs_spec  # (out, in, *spatial)
-  kernel = int(np.prod([rhs.shape[d] for d in rhs_spec[2:]], dtype=np.int64))
-  in_per_group = rhs.shape[rhs_spec[1]]
-  return 2 * int(np.prod(out.shape, dtype=np.int64)) * kernel * int(in_per_group)
-
-
-def count_matmul_flops(jaxpr: Jaxpr, _counted: dict | None = None) -> int:
-  """Matmul and convolution FLOPs of ``jaxpr``, scan bodies times trip count.
-
-  ``cond`` counts its most expensive branch; a ``while`` body counts once
-  (its trip count is not known statically). This is a fold rather than a
-  :func:`walk`: nested bodies are weighted by their trip count. A body
-  shared by many equations (the layers of a model) is counted once.
-  """
-  counted = {} if _counted is None else _counted
-  if id(jaxpr) in counted:
-    return counted[id(jaxpr)][1]
-  total = 0
-  for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    if name in ("dot_general", "conv_general_dilated"):
-      total += _matmul_flops(eqn)
-    elif name == "cond":
-      total += max((count_matmul_flops(b, counted) for b in sub_jaxprs(eqn)),
-                   default=0)
-    elif compat.is_pallas_call(eqn):
-      total += pallas_flops(eqn, counted)
-    else:
-      inner = sum(count_matmul_flops(s, counted) for s in sub_jaxprs(eqn))
-      total += inner * scan_length(eqn)
-  # The jaxpr is kept beside its count so that its id is not reused.
-  counted[id(jaxpr)] = (jaxpr, total)
-  return total
-
-
-def pallas_flops(eqn: JaxprEqn, _counted: dict | None = None) -> int:
-  """FLOPs of one ``pallas_call``: its ``cost_estimate`` where it declares
-  one, else its body's matmul FLOPs times the number of grid steps."""
-  declared = compat.pallas_cost_flops(eqn)
-  if declared is not None:
-    return declared
-  body = sum(count_matmul_flops(s, _counted) for s in sub_jaxprs(eqn))
-  return body * compat.pallas_grid_size(eqn)
-
-
-@dataclasses.dataclass(frozen=True)
-class MatmulCounts:
-  """How many matmul equations of each kind a set of remat regions holds.
-
-  The kinds are those JAX's matmul policies tell apart: ``dots_saveable``
-  looks at ``dot_general`` and convolutions, ``dots_with_no_batch_dims_saveable``
-  only at ``dot_general`` equations without batch dimensions.
-  """
-
-  unbatched_dots: int = 0
-  batched_dots: int = 0
-  convs: int = 0
-
-
-def count_region_matmuls(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
-                         ) -> MatmulCounts:
-  """Matmul equations inside the remat regions ``in_region`` accepts.
-
-  A body shared by many regions (identical layers) is counted once: the
-  counts say which kinds are present, not how often they run.
-  """
-  seen: set[int] = set()
-  total = MatmulCounts()
-  for region in walk(jaxpr):
-    if not (compat.is_remat(region) and in_region(region)):
-      continue
-    body = compat.remat_body_of(region)
-    if id(body) in seen:
-      continue
-    seen.add(id(body))
-    found = _matmul_counts(body)
-    total = MatmulCounts(*(a + b for a, b in zip(
-        dataclasses.astuple(total), dataclasses.astuple(found), strict=True)))
-  return total
-
-
-# ---------------------------------------------------------------- kernels
-
-def mark_kernels(jaxpr: Jaxpr) -> Jaxpr:
-  """``jaxpr`` with every outermost kernel equation marked with its name.
-
-  Kernels are ``custom_vjp`` calls and ``pallas_call`` equations
-  (:func:`compat.kernel_name`); one inside another (a custom_vjp's
-  pallas_call) is the outer kernel's work. The mark
-  (:func:`compat.mark_kernel`) rides on everything JAX makes from the
-  equation when it differentiates the program, which :func:`kernel_work`
-  counts.
-  """
-  def on_eqn(eqn, recurse):
-    del recurse
-    name = compat.kernel_name(eqn)
-    return None if name is None else compat.mark_kernel(eqn, name)
-
-  return rewrite(jaxpr, on_eqn)
-
-
-@dataclasses.dataclass
-class KernelWork:
-  """The work one kernel does at one place of a program.
-
-  Attributes:
-    flops: matmul FLOPs of its equations (a ``pallas_call`` counted by
-      :func:`pallas_flops`), every scan iteration included.
-    launches: how many times its ``pallas_call`` equations run.
-    calls: how many times the kernel is called (its marked kernel equation
-      runs); in a differentiated program, where the kernel's work is
-      spread over other equations, only the calls left whole are counted.
-  """
-
-  flops: int = 0
-  launches: int = 0
-  calls: int = 0
-
-
-def _matmul_flops(eqn: JaxprEqn) -> int:
-  if eqn.primitive.name == "dot_general":
-    return _dot_flops(eqn)
-  if eqn.primitive.name == "conv_general_dilated":
-    return _conv_flops(eqn)
-  return 0
-
-
-def kernel_work(jaxpr: Jaxpr) -> dict[tuple[str, str], KernelWork]:
-  """The work of the marked kernels (:func:`mark_kernels`) in ``jaxpr``.
-
-  Keyed by ``(kernel name, module path)``; the path is where the kernel was
-  called (the scopes above its mark). A ``cond`` counts its most expensive
-  branch, as :func:`count_matmul_flops` does.
-  """
-  found: dict[tuple[str, str], KernelWork] = {}
-  counted: dict = {}
-
-  def visit(j: Jaxpr, trips: int, prefix: list[str], owner) -> None:
-    for eqn in j.eqns:
-      here = owner
-      if here is None:
-        mark = compat.kernel_mark_of(eqn)
-        if mark is not None:
-          here = (mark[0], "/".join(prefix + mark[1]))
-          if compat.kernel_name(eqn) is not None:
-            found.setdefault(here, KernelWork()).calls += trips
-      if here is not None:
-        work = found.setdefault(here, KernelWork())
-        if compat.is_pallas_call(eqn):
-          work.flops += pallas_flops(eqn, counted) * trips
-          work.launches += trips
-          continue
-        work.flops += _matmul_flops(eqn) * trips
-      subs = sub_jaxprs(eqn)
-      if eqn.primitive.name == "cond" and subs:
-        subs = [max(subs, key=lambda b: count_matmul_flops(b, counted))]
-      scopes = prefix + compat.module_scopes(eqn)
-      for sub in subs:
-        visit(sub, trips * scan_length(eqn), scopes, here)
-
-  visit(jaxpr, 1, [], None)
-  return found
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelForward:
-  """What the forward rule of one ``custom_vjp`` kernel holds.
-
-  Attributes:
-    kernel: the kernel's name.
-    module_path: where it is called.
-    names: checkpoint names inside its forward rule.
-    matmuls: its forward rule's matmuls, by the kinds policies tell apart.
-  """
-
-  kernel: str
-  module_path: str
-  names: frozenset[str]
-  matmuls: MatmulCounts
-
-
-def _seen_by_policies(eqn: JaxprEqn) -> bool:
-  """Whether a remat policy sees the equations nested in ``eqn``: not those
-  of a Pallas kernel's body, which runs as one opaque call."""
-  return not compat.is_pallas_call(eqn)
-
-
-def _matmul_counts(jaxpr: Jaxpr) -> MatmulCounts:
-  kinds = {"unbatched_dots": 0, "batched_dots": 0, "convs": 0}
-  for eqn in walk(jaxpr, descend=_seen_by_policies):
-    if eqn.primitive.name == "conv_general_dilated":
-      kinds["convs"] += 1
-    elif eqn.primitive.name == "dot_general":
-      (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
-      kinds["batched_dots" if lhs_batch else "unbatched_dots"] += 1
-  return MatmulCounts(**kinds)
-
-
-def custom_vjp_forwards(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
-                        ) -> list[KernelForward]:
-  """The ``custom_vjp`` kernels inside the remat regions ``in_region``
-  accepts, with what their forward rules hold, once per call site."""
-  found: dict[tuple[str, str], KernelForward] = {}
-
-  def visit(j: Jaxpr, prefix: list[str], inside: bool) -> None:
-    for eqn in j.eqns:
-      scopes = prefix + compat.module_scopes(eqn)
-      if inside and compat.is_custom_vjp_call(eqn):
-        name = compat.kernel_name(eqn) or "custom_vjp"
-        key = (name, "/".join(scopes))
-        # Tracing the forward rule is the cost: once per call site.
-        forward = None if key in found else compat.custom_vjp_forward(eqn)
-        if forward is not None:
-          found[key] = KernelForward(name, key[1], names_in(forward),
-                                     _matmul_counts(forward))
-        continue
-      region = compat.is_remat(eqn) and in_region(eqn)
-      for sub in sub_jaxprs(eqn):
-        visit(sub, scopes, inside or region)
-
-  visit(jaxpr, [], False)
-  return list(found.values())
-
+# ---------------------------------------------------------------- parameters
 
 #: Primitives that pass a value on re-typed or re-laid out: a parameter cast
 #: to bfloat16, transposed or sliced from a stack of layers is still one.
@@ -673,39 +373,6 @@ def multiplies_activations(eqn: JaxprEqn, parameters: set[Any]) -> bool:
 
 # ---------------------------------------------------------------- rewrites
 
-def substitute_policy(jaxpr: Jaxpr, markers: Any,
-                      choose: Callable[[Any, frozenset[str]], Any],
-                      body_for: Callable[[Any, Jaxpr], Jaxpr] | None = None
-                      ) -> Jaxpr:
-  """Replaces the policy of every remat region whose policy is ``in markers``.
-
-  ``choose(marker, names_in_region)`` gives the JAX policy for each such
-  region, and ``body_for(marker, body)`` (if given) its body. The rest of
-  the program is shared, not re-traced.
-  """
-  def on_eqn(eqn, recurse):
-    policy = compat.remat_policy_of(eqn) if compat.is_remat(eqn) else None
-    if policy is not None and policy in markers:
-      body = compat.remat_body_of(eqn)
-      new_body = recurse(body)
-      if body_for is not None:
-        new_body = body_for(policy, new_body)
-      return compat.with_remat(eqn, new_body, choose(policy, names_in(body)))
-    return None
-
-  return rewrite(jaxpr, on_eqn)
-
-
-def set_every_region_policy(jaxpr: Jaxpr, policy: Any) -> Jaxpr:
-  """Gives every remat region, at any depth, ``policy``."""
-  def on_eqn(eqn, recurse):
-    if compat.is_remat(eqn):
-      return compat.with_remat(eqn, recurse(compat.remat_body_of(eqn)), policy)
-    return None
-
-  return rewrite(jaxpr, on_eqn)
-
-
 #: Primitives whose scalar literal operands are, in a Python trace, values
 #: of the trace (a Python scalar that ``jnp`` converted: ``x * 3.0``), which
 #: JAX's VJP keeps as residuals. jnp's own constants (``mean``'s divisor) are
@@ -735,213 +402,6 @@ def literals_as_invars(jaxpr: Jaxpr) -> tuple[Jaxpr, list[Any]]:
           and any(isinstance(v, Literal) for v in e.invars) else e
           for e in jaxpr.eqns]
   return jaxpr.replace(invars=[*added, *jaxpr.invars], eqns=eqns), values
-
-
-def inline_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
-  """``jaxpr`` with every remat region whose policy is ``in markers`` inlined.
-
-  The result is the program without those regions: what a training step
-  costs with no remat at all (under jax 0.10's remat3, ``everything_saveable`` still
-  recomputes un-named values, so it is not that baseline). A remat3 region
-  whose body captured constants stays a region.
-  """
-  def on_eqn(eqn, recurse):
-    if not (compat.is_remat(eqn) and compat.remat_policy_of(eqn) in markers
-            and not compat.remat_body_consts(eqn)):
-      return None
-    body = recurse(compat.remat_body_of(eqn))
-    benv = dict(zip(body.invars, eqn.invars, strict=True))
-    eqns = []
-    for be in body.eqns:
-      outs = [v if isinstance(v, compat.DropVar) else Var(v.aval)
-              for v in be.outvars]
-      # Out of the region, each keeps the module scopes JAX would prefix.
-      eqns.append(compat.nest_scopes(be, eqn).replace(
-          invars=[benv.get(a, a) if is_jaxpr_var(a) else a for a in be.invars],
-          outvars=outs))
-      benv.update(zip(be.outvars, outs, strict=True))
-    return Inline(eqns, [benv.get(v, v) if is_jaxpr_var(v) else v
-                         for v in body.outvars])
-
-  return rewrite(jaxpr, on_eqn)
-
-
-def strip_remat(jaxpr: Jaxpr) -> tuple[Jaxpr, int]:
-  """``jaxpr`` without any remat region: the program with no recomputation.
-
-  Every region (ambient or with its own policy) is inlined. A remat3 region
-  whose body captured constants cannot be inlined; it gets
-  ``everything_saveable`` instead (which under jax 0.10's remat3 recomputes
-  un-named values, so it is counted).
-
-  Returns:
-    ``(jaxpr, regions_left)``.
-  """
-  markers = (compat.policy_marker("strip"),)
-  inlined = inline_regions(set_every_region_policy(jaxpr, markers[0]), markers)
-  left = count_remat_regions(inlined, markers)
-  if left:
-    inlined = substitute_policy(
-        inlined, markers,
-        lambda *_: jax.checkpoint_policies.everything_saveable)
-  return inlined, left
-
-
-def share_identical_regions(jaxpr: Jaxpr, markers: Any) -> Jaxpr:
-  """Makes structurally identical remat bodies one shared jaxpr object.
-
-  The unrolled layers of a model trace to equal bodies that differ only in
-  their module scope (``layers_3/...``). Moving that scope onto the remat
-  equation and sharing one body lets JAX's own per-jaxpr caches (JVP,
-  partial evaluation) serve every layer, so analysing another policy costs
-  one layer's work instead of one per layer. Module paths are unchanged:
-  JAX prefixes the equation's name stack when it evaluates the body.
-  """
-  if compat.remat3_enabled():
-    return jaxpr  # remat3 re-traces regions itself; sharing buys nothing.
-  shared: dict[Any, Jaxpr] = {}
-
-  def on_eqn(eqn, recurse):
-    if (eqn.primitive is compat.remat_p
-        and compat.remat_policy_of(eqn) in markers
-        and not compat.remat_body_of(eqn).constvars):
-      return _share_body(eqn, shared)
-    return None
-
-  return rewrite(jaxpr, on_eqn)
-
-
-def _share_body(eqn: JaxprEqn, shared: dict[Any, Jaxpr]) -> JaxprEqn:
-  body = compat.remat_body_of(eqn)
-  prefix = _common_scopes(body)
-  if prefix:
-    body = body.replace(eqns=[
-        compat.drop_leading_scopes(e, min(len(prefix),
-                                          len(compat.leading_scopes(e))))
-        for e in body.eqns])
-  # A jaxpr's text leaves out its name stacks: two bodies are one only if
-  # every equation also sits in the same module below the region.
-  key = (str(body), tuple(compat.leading_scopes(e) for e in body.eqns))
-  canonical = shared.setdefault(key, body)
-  moved = compat.prefix_scopes(eqn, prefix)
-  return compat.with_remat(moved, canonical, compat.remat_policy_of(eqn))
-
-
-def _common_scopes(body: Jaxpr) -> tuple[Any, ...]:
-  """The leading module scopes of ``body``: the region's own module.
-
-  An equation whose whole name stack lies above the others' (a region's
-  input named before the module's scope is entered) sits at the region's
-  root, so it does not shorten the prefix.
-  """
-  stacks = [compat.leading_scopes(e) for e in body.eqns]
-  deep = [s for s in stacks
-          if not any(len(o) > len(s) and o[:len(s)] == s for o in stacks)]
-  prefix = _shared_prefix(deep)
-  for s in stacks:
-    if prefix[:len(s)] != s:
-      prefix = _shared_prefix([prefix, s])
-  return prefix
-
-
-def _shared_prefix(stacks: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-  """The leading scope items all of ``stacks`` share."""
-  prefix = []
-  for items in zip(*stacks, strict=False):  # up to the shortest
-    first = items[0]
-    if not compat.is_scope(first) or any(it != first for it in items[1:]):
-      break
-    prefix.append(first)
-  return tuple(prefix)
-
-
-# ---------------------------------------------------------------- evaluating
-
-def eval_with_jitted_regions(jaxpr: Jaxpr, consts: list[Any], *args: Any
-                             ) -> list[Any]:
-  """``eval_jaxpr``, but each top-level remat2 region runs as a jitted call.
-
-  JAX linearizes a jitted call once per distinct jaxpr and caches it, so
-  regions that share a body (see :func:`share_identical_regions`) cost one
-  region's work when a policy is analysed, not one per layer.
-  """
-  env: dict[Any, Any] = {}
-
-  def read(v):
-    return v.val if isinstance(v, Literal) else env[v]
-
-  for v, x in zip(jaxpr.constvars, consts, strict=True):
-    env[v] = x
-  for v, x in zip(jaxpr.invars, args, strict=True):
-    env[v] = x
-  for eqn in jaxpr.eqns:
-    with compat.eval_context(eqn):
-      if eqn.primitive is compat.remat_p:
-        outs = _jitted_region(compat.remat_body_of(eqn),
-                              compat.remat_policy_of(eqn),
-                              eqn.params["prevent_cse"])(*map(read, eqn.invars))
-      else:
-        params = eqn.primitive.get_bind_params(eqn.params)
-        outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
-        if not eqn.primitive.multiple_results:
-          outs = [outs]
-    for v, x in zip(eqn.outvars, outs, strict=True):
-      env[v] = x
-  return [read(v) for v in jaxpr.outvars]
-
-
-_JITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _jitted_region(body: Jaxpr, policy: Any, prevent_cse: Any) -> Callable:
-  per_body = _JITTED.setdefault(body, {})
-  key = (id(policy), prevent_cse)
-  entry = per_body.get(key)
-  if entry is None or entry[0] is not policy:
-    def region(*xs):
-      return compat.bind_remat(body, policy, prevent_cse, *xs)
-    entry = per_body[key] = (policy, jax.jit(region))
-  return entry[1]
-
-
-# ---------------------------------------------------------------- effects
-
-#: Host-callback primitives: their Python function runs again whenever the
-#: region around them is recomputed (``pure_callback`` carries no effect).
-CALLBACK_PRIMITIVES: frozenset[str] = frozenset(
-    {"debug_callback", "debug_print", "io_callback", "pure_callback",
-     "callback"})
-
-
-@dataclasses.dataclass(frozen=True)
-class EffectSite:
-  """An effectful or host-callback equation found inside a remat region."""
-
-  primitive: str
-  effects: tuple[str, ...]
-  module_path: str
-  source: str
-
-
-def effects_in_remat_regions(jaxpr: Jaxpr) -> list[EffectSite]:
-  """Effectful and host-callback equations inside any remat region.
-
-  Each runs once in the forward pass and again whenever the backward pass
-  recomputes its region (``jax.debug.print`` prints twice). Nested regions
-  are searched once, from the outermost.
-  """
-  found: list[EffectSite] = []
-  outermost = (e for e in walk(jaxpr, descend=lambda e: not compat.is_remat(e))
-               if compat.is_remat(e))
-  for region in outermost:
-    for eqn in walk(compat.remat_body_of(region)):
-      if ((eqn.effects or eqn.primitive.name in CALLBACK_PRIMITIVES)
-          and not sub_jaxprs(eqn)):  # the effect, not a call carrying it
-        found.append(EffectSite(
-            eqn.primitive.name,
-            tuple(sorted(type(e).__name__ for e in eqn.effects)),
-            module_path(eqn), source_of(eqn)))
-  return found
 
 
 # ---------------------------------------------------------------- text
