@@ -64,7 +64,7 @@ test using a name outside its module's ``__all__``.
 - ``test_verify.py``: ``analysis.verify`` -- white-box: the norm-wise gradient
   comparison, whose edge cases (NaN, zero leaves) no small model reaches.
 - ``test_warnings.py``: ``policies.findings`` -- white-box: the one switch that
-  silences findings raised while tracing.
+  silences findings raised while tracing, and the kinds every finding has.
 """
 
 import dataclasses

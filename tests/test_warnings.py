@@ -17,6 +17,7 @@ import pytest
 from shared_helpers import run_cli
 
 import remat_toolkit as rt
+from remat_toolkit._src.policies.findings import KINDS
 from remat_toolkit._src.policies.findings import quiet
 
 S = jax.ShapeDtypeStruct
@@ -78,6 +79,7 @@ def assert_said(result, raised, *fragments, exported=None):
   assert len(result.warnings) == len(fragments), result.warnings
   for warning, fragment in zip(result.warnings, fragments, strict=True):
     assert fragment in warning, warning
+    assert getattr(warning, "kind", None) in KINDS, warning  # a Finding
     assert raised.count(warning) == 1, raised
     assert warning in str(result)
     assert html.escape(warning, quote=False) in result._repr_html_()

@@ -185,7 +185,7 @@ class Planner:
       raise ValueError("There is nothing to plan: "
                        + region_warnings(program)[0])
     self.program = program
-    self.warnings: tuple[str, ...] = tuple(
+    self.warnings: tuple[Finding, ...] = tuple(
         region_warnings(program)
         + ([] if program.ambient_names else [_NO_NAMES])
         + ([Finding(program.layout.note, "note")] if program.layout.note

@@ -75,7 +75,7 @@ class RegionPlanning(Measurer, Protocol):
   per_device: bool
   host_bandwidth: float
   device_flops: float
-  warnings: tuple[str, ...]
+  warnings: tuple[Finding, ...]
   peaks: StepPeaks
 
   @property

@@ -26,6 +26,7 @@ from typing import cast
 from remat_toolkit._src.core.format import natural_key
 from remat_toolkit._src.core.pareto import pareto_flags
 from remat_toolkit._src.policies.findings import SELECTS_NOTHING
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.results import base as render
 from remat_toolkit._src.results.base import Result
 from remat_toolkit._src.results.peak import Peak
@@ -210,7 +211,7 @@ class ResidualReport(Result):
   xla: Mapping[str, Any] | None = None
   devices: int = 1
   per_device_activation_bytes: int | None = None
-  warnings: tuple[str, ...] = ()
+  warnings: tuple[Finding, ...] = ()
   per_device_method: str | None = None
   recomputed_kernels: tuple[RecomputedKernel, ...] = ()
 
@@ -387,7 +388,7 @@ class Comparison(Result):
   reports: Mapping[str, ResidualReport]
   skipped: Mapping[str, str]
   regions: int
-  warnings: tuple[str, ...] = ()
+  warnings: tuple[Finding, ...] = ()
   baseline: ResidualReport | None = None
   peaks: Mapping[str, Peak] | None = None
 
@@ -536,7 +537,7 @@ class Verification(Result):
   inputs: str
   reference: str
   no_op: str | None
-  warnings: tuple[str, ...]
+  warnings: tuple[Finding, ...]
   regions: int
   activation_bytes: int
   offloaded_bytes: int

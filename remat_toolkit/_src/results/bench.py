@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.results import base as render
 from remat_toolkit._src.results.base import Result
 
@@ -125,7 +126,7 @@ class BenchResult(Result):
   jax_remat3: bool
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
   load_average: float | None = None
-  warnings: tuple[str, ...] = ()
+  warnings: tuple[Finding, ...] = ()
 
   @property
   def baseline(self) -> BenchRecord:

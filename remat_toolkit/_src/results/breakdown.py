@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any
 
 from remat_toolkit._src.core.format import format_bytes
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.results import base as render
 from remat_toolkit._src.results.base import Result
 
@@ -74,7 +75,7 @@ class Breakdown(Result):
   remat_regions: int
   xla_temp_bytes: int | None = None
   xla_note: str = ""
-  warnings: tuple[str, ...] = ()
+  warnings: tuple[Finding, ...] = ()
 
   # ------------------------------------------------------------ totals
   def categories(self) -> dict[str, int]:

@@ -15,6 +15,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.results import base as render
 from remat_toolkit._src.results.base import Result
 
@@ -119,7 +120,7 @@ class Peak(Result):
   xla_bytes: int | None = None
   xla_live: tuple[XlaBuffer, ...] | None = None
   xla_flags: str | None = None
-  warnings: tuple[str, ...] = ()
+  warnings: tuple[Finding, ...] = ()
 
   @property
   def error(self) -> float | None:

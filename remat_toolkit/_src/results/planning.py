@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from remat_toolkit._src.policies import region_keys
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.policy_toml import policy_record
 from remat_toolkit._src.results import base as render
@@ -235,7 +236,7 @@ class Plan(Result):
   bounds: str = KEPT_ACTIVATIONS
   group: Any = None
   groups: tuple[GroupEstimate, ...] = ()
-  warnings: tuple[str, ...] = ()
+  warnings: tuple[Finding, ...] = ()
   regions: tuple[RegionPlan, ...] = ()
   per_device: bool = False
   peak_bytes: int | None = None
@@ -424,7 +425,7 @@ class Frontier(Result):
   """
 
   points: tuple[FrontierPoint, ...]
-  warnings: tuple[str, ...] = ()
+  warnings: tuple[Finding, ...] = ()
   skipped: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   @property
