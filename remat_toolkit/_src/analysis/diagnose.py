@@ -37,7 +37,7 @@ from remat_toolkit._src.policies.findings import brief
 from remat_toolkit._src.policies.findings import keeps_none
 from remat_toolkit._src.policies.findings import uncovered_regions
 from remat_toolkit._src.policies.policy import Policy
-from remat_toolkit._src.results.analysis import COUNTED_KINDS
+from remat_toolkit._src.results.analysis import kept_bytes
 
 __all__ = ["region_warnings", "unmatched_names_warning", "matmul_warning",
            "selection_warnings", "per_region_warnings", "policy_warnings",
@@ -380,8 +380,7 @@ def kernel_warnings(program: TracedProgram, policy: Any, residuals: Sequence[Any
   kept = [r for r, flag in zip(residuals, activation_matmuls, strict=True)
           if flag and r.kind == "activation"]
   # The report's activation_bytes: counted kinds on the device.
-  counted = sum(r.nbytes for r in residuals
-                if r.kind in COUNTED_KINDS and r.memory_kind == "device")
+  counted = kept_bytes(residuals)
   found = [kernel_rerun_warning(name, recomputed),
            custom_vjp_mode_warning(program, policy),
            activation_matmul_warning(policy, kept, counted)]

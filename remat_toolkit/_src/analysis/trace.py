@@ -45,10 +45,10 @@ from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import SAVE_EVERYTHING
-from remat_toolkit._src.results.analysis import COUNTED_KINDS
 from remat_toolkit._src.results.analysis import RecomputedKernel
 from remat_toolkit._src.results.analysis import Residual
 from remat_toolkit._src.results.analysis import ResidualReport
+from remat_toolkit._src.results.analysis import kept_bytes
 
 __all__ = ["TracedProgram", "cpu_scheduler_setting"]
 
@@ -429,8 +429,7 @@ class TracedProgram:
     if shares is not None:
       residuals = tuple(dataclasses.replace(r, per_device_nbytes=b)
                         for r, b in zip(residuals, shares, strict=True))
-      per_device = sum(b for r, b in zip(residuals, shares, strict=True)
-                       if r.kind in COUNTED_KINDS and r.memory_kind == "device")
+      per_device = kept_bytes(residuals, sizes=shares)
     notes = [Finding(self._layout.note, "note")] if self._layout.note else []
     recomputed = self.recomputed_kernels(policy)
     kernel_notes = self._kernel_findings(policy, origins, residuals,

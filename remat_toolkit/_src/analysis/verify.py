@@ -61,9 +61,9 @@ from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import PolicyLike
-from remat_toolkit._src.results.analysis import COUNTED_KINDS
 from remat_toolkit._src.results.analysis import Residual
 from remat_toolkit._src.results.analysis import Verification
+from remat_toolkit._src.results.analysis import kept_bytes
 from remat_toolkit._src.transform import trace_cache
 
 __all__ = ["verify", "default_tolerances", "random_inputs", "compare_values"]
@@ -358,10 +358,8 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
       rtol=rtol, atol=atol, inputs=inputs, reference=reference_text,
       no_op=_no_op(program, resolved, kept), warnings=tuple(warnings),
       regions=program.regions,
-      activation_bytes=sum(r.nbytes for r in residuals if r.kind in COUNTED_KINDS
-                           and r.memory_kind == "device"),
-      offloaded_bytes=sum(r.nbytes for r in residuals if r.kind in COUNTED_KINDS
-                          and r.memory_kind == "host"))
+      activation_bytes=kept_bytes(residuals),
+      offloaded_bytes=kept_bytes(residuals, "host"))
   if strict and result.problems:
     listed = "; ".join(f"({i}) {p}" for i, p in enumerate(result.problems, 1))
     raise ValueError(

@@ -31,13 +31,31 @@ from remat_toolkit._src.results import base as render
 from remat_toolkit._src.results.base import Result
 from remat_toolkit._src.results.peak import Peak
 
-__all__ = ["Residual", "RecomputedKernel", "ResidualReport", "Comparison",
+__all__ = ["Residual", "RecomputedKernel", "ResidualReport", "Comparison", "kept_bytes",
            "Verification"]
 
 #: The residual kinds counted in ``activation_bytes`` (and
 #: ``offloaded_bytes``): every one JAX's ``saved_residuals`` lists except
 #: ``from the argument``, so the totals equal JAX's own.
 COUNTED_KINDS = ("activation", "constant", "literal")
+
+
+def kept_bytes(residuals: Iterable[Any], memory_kind: str = "device", *,
+               sizes: Iterable[int] | None = None) -> int:
+  """The activation bytes of ``residuals`` in ``memory_kind``: the one sum
+  behind every result's ``activation_bytes`` and ``offloaded_bytes``.
+
+  Args:
+    residuals: :class:`Residual`-like values (``kind``, ``memory_kind``,
+      ``nbytes``).
+    memory_kind: ``"device"`` (kept) or ``"host"`` (offloaded).
+    sizes: per residual, the bytes to count instead of its ``nbytes`` (one
+      device's share of a sharded residual).
+  """
+  residuals = list(residuals)
+  counts = [r.nbytes for r in residuals] if sizes is None else list(sizes)
+  return sum(n for r, n in zip(residuals, counts, strict=True)
+             if r.kind in COUNTED_KINDS and r.memory_kind == memory_kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,12 +259,12 @@ class ResidualReport(Result):
     >>> report.activation_bytes
     320
     """
-    return sum(r.nbytes for r in self.activations if r.memory_kind == "device")
+    return kept_bytes(self.residuals)
 
   @property
   def offloaded_bytes(self) -> int:
     """Activation bytes moved to host memory."""
-    return sum(r.nbytes for r in self.activations if r.memory_kind == "host")
+    return kept_bytes(self.residuals, "host")
 
   @property
   def argument_bytes(self) -> int:
