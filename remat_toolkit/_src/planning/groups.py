@@ -32,6 +32,9 @@ DEFAULT_GROUP_SIZES: tuple[int | str, ...] = (1, 2, 4, "sqrt")
 
 GroupsLike = (Mapping[Any, tuple[Callable[..., Any], Sequence[Any]]]
               | Callable[[Any], tuple[Callable[..., Any], Sequence[Any]]])
+"""How a plan builds the model at each group size (``plan(groups=...)``):
+a mapping from group size to ``(fn, args)``, or a function of the group
+size returning ``(fn, args)``."""
 
 # (group size, a thunk building (fn, args) for it).
 Layout = tuple[Any, Callable[[], Any]]

@@ -62,11 +62,11 @@ class CarriesPolicy(Protocol):
   def policy(self) -> Policy: ...
 
 
-#: What every ``policy=`` accepts: a catalogue name or alias, the path of a
-#: ``.toml`` policy file, a :class:`Policy`, a plan, a
-#: ``jax.checkpoint_policies`` policy (a callable), or None for the ambient
-#: policy.
 PolicyLike = str | os.PathLike[str] | Policy | CarriesPolicy | Callable[..., Any] | None
+"""What every ``policy=`` accepts: a catalogue name or alias
+(``"save-ffn"``), the path of a ``.toml`` policy file, a :class:`Policy`, a
+plan from ``remat_toolkit.plan`` (its policy), a ``jax.checkpoint_policies``
+policy, or None for the ambient policy (``remat_toolkit.use_policy``)."""
 
 _ACCEPTED = ("a policy name (see remat_toolkit.list_policies()), the path of "
              "a .toml policy file, a remat_toolkit.Policy, a plan from "

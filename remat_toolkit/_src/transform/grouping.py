@@ -49,6 +49,8 @@ from remat_toolkit._src.transform import scan_runs
 __all__ = ["remat_chain", "scan_layers", "group_size"]
 
 GroupLike = int | str
+"""A group size: layers per remat region (an int), or ``"sqrt"`` for the
+divisor of the number of layers closest to its square root."""
 
 
 # ---------------------------------------------------------------- group sizes
