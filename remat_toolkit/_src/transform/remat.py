@@ -194,11 +194,11 @@ def _warn_if_enclosed(region: lowering.RegionPolicy, where: str) -> None:
       "the outer remat.", "shadowed", region.policy.name), stacklevel=5)
 
 
-def _dynamic_mask(inputs: tuple) -> tuple[bool, ...]:
-  """Which leaves of a region's dynamic inputs it names (the prefix never)."""
+def _dynamic_part(mask: tuple[bool, ...], inputs: tuple) -> tuple[bool, ...]:
+  """The entries of a region's input ``mask`` for its dynamic inputs (the
+  prefix, never named, comes first)."""
   prefix, _ = inputs
-  return region_inputs.input_mask(*inputs)[
-      len(jax.tree_util.tree_leaves(prefix)):]
+  return mask[len(jax.tree_util.tree_leaves(prefix)):]
 
 
 def _named_dynamic(body: Callable[..., Any],
@@ -216,15 +216,16 @@ def _named_dynamic(body: Callable[..., Any],
 
 
 def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
-                       inputs: tuple, region: lowering.RegionPolicy) -> Any:
+                       inputs: tuple, region: lowering.RegionPolicy,
+                       mask: tuple[bool, ...]) -> Any:
   """Replays a traced region inside one ``jax.checkpoint``, its policy
-  lowered against the names the trace contains."""
+  lowered against the names the trace contains; ``mask``: which inputs it
+  names (:func:`region_inputs.input_mask`)."""
   names = traced.names
   if region_inputs.selects_inputs(region.policy):
     names = names | {region_inputs.INPUT_NAME}  # a region fed only arguments
   lowering.warn_if_unmatched(region, names, spec.where)
-  jax_policy = lowering.region_jax_policy(region, names,
-                                          region_inputs.input_mask(*inputs))
+  jax_policy = lowering.region_jax_policy(region, names, mask)
   return jax.checkpoint(traced.replay(), policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
@@ -248,15 +249,15 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
   inputs = (prefix, dynamic)
   region = lowering.region_policy(spec.policy, key)
   _warn_if_enclosed(region, spec.where)
+  mask = region_inputs.input_mask(*inputs)
   named = region_inputs.selects_inputs(region.policy)
   if named:
-    body = _named_dynamic(body, _dynamic_mask(inputs))
+    body = _named_dynamic(body, _dynamic_part(mask, inputs))
   if region.reads_names:
     return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs,
-                              region)
+                              region, mask)
   known = tags.known_names() | ({region_inputs.INPUT_NAME} if named else set())
-  jax_policy = lowering.region_jax_policy(region, known,
-                                          region_inputs.input_mask(*inputs))
+  jax_policy = lowering.region_jax_policy(region, known, mask)
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
@@ -285,12 +286,12 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
   # is traced again with the names, under a key of its own.
   region = lowering.region_policy(spec.policy)
   _warn_if_enclosed(region, spec.where)
+  mask = region_inputs.input_mask(*inputs)  # no prefix: all dynamic
   if region_inputs.selects_inputs(region.policy):
-    mask = _dynamic_mask(inputs)
     traced = trace_cache.cached_trace(
         cache, None if key is None else (key, region_inputs.INPUT_NAME, mask),
         _named_dynamic(body, mask), inputs)
-  return _checkpoint_traced(traced, spec, inputs, region)
+  return _checkpoint_traced(traced, spec, inputs, region, mask)
 
 
 # -------------------------------------------------------------- linen lifting
