@@ -52,11 +52,13 @@ test using a name outside its module's ``__all__``.
   heuristic of ``rt.remat_modules`` on hand-made module trees.
 - ``test_group_size.py``: ``transform.grouping`` -- white-box: layers per region
   for a group size, a pure function, over many layer counts.
-- ``test_internals.py``: ``analysis.trace``, ``analysis.residuals``,
-  ``analysis.regions``, ``core.jaxpr`` -- internal invariants whose only
-  visible effect is that public figures do not change (identical layers
-  traced as one shared body), and the jaxpr walks ``rt.verify`` and the
-  residual origins rest on.
+- ``test_internals.py``: ``analysis.trace``, ``analysis.report``,
+  ``analysis.diagnose``, ``analysis.residuals``, ``analysis.regions``,
+  ``core.jaxpr`` -- internal invariants whose only visible effect is that
+  public figures do not change (identical layers traced as one shared body;
+  a program and each policy diagnosed once, the traced program only
+  measuring), and the jaxpr walks ``rt.verify`` and the residual origins
+  rest on.
 - ``test_peak_model.py``: ``analysis.liveness`` -- white-box:
   the peak's buffer model rule by rule (merged casts, in-place outputs, 16-bit
   products, loop conversions), each switched on and off as the compatibility

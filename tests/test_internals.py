@@ -6,6 +6,9 @@ public figures do not change, so a public test cannot tell it is in place:
 each test says what it guards and why it cannot be seen from outside.
 """
 
+import ast
+import collections
+from pathlib import Path
 from unittest import mock
 
 import jax
@@ -17,11 +20,14 @@ from shared_helpers import W
 from shared_helpers import X
 from shared_helpers import remat3
 from shared_helpers import remat_bodies
+from shared_helpers import tagged_block
 from shared_helpers import two_block_loss as loss
 
 import remat_toolkit as rt
 from remat_toolkit import models
+from remat_toolkit._src.analysis import diagnose
 from remat_toolkit._src.analysis import regions as _regions
+from remat_toolkit._src.analysis import report
 from remat_toolkit._src.analysis import residuals as _residuals
 from remat_toolkit._src.analysis import trace
 from remat_toolkit._src.core import jaxpr as _jaxpr
@@ -44,12 +50,77 @@ def test_identical_layers_share_one_body_without_changing_the_report(
     program = trace.TracedProgram(fn, args)
     bodies = {id(body) for body in remat_bodies(program.jaxpr.jaxpr)}
     assert program.regions == 4 and len(bodies) == 1
-    shared = program.report(rt.get_policy("save-attention"))
+    shared = report.build_report(program, rt.get_policy("save-attention"))
     with mock.patch.object(_regions, "share_identical_regions", lambda j, m: j):
-      plain = trace.TracedProgram(fn, args).report(rt.get_policy("save-attention"))
+      plain = report.build_report(trace.TracedProgram(fn, args),
+                                  rt.get_policy("save-attention"))
   assert shared.to_dict() == plain.to_dict()
   assert {layer.format(i) for i in range(4)} <= {
       r.module_path for r in shared.activations}
+
+
+# ---------------------------------------------------------------- the report builder
+# The traced program measures; the report builder diagnoses, once per program
+# and once per policy. Diagnosing twice and dropping the repeats gives the
+# same warnings, so only the counts show the builder is in place.
+
+@rt.remat(policy="save-ffn")
+def _own_block(w, x):
+  return jnp.tanh(rt.tag(x @ w, "ffn.up"))
+
+
+def _mixed_loss(w, x):
+  """One region with its own policy, and two taking the policy analysed."""
+  return _own_block(w, tagged_block(w, tagged_block(w, x))).sum()
+
+
+def test_the_traced_program_only_measures():
+  """No report, no finding: trace.py imports neither the diagnosis nor the
+  report builder, nor makes a result."""
+  for method in ("report", "kernel_findings"):
+    assert not hasattr(trace.TracedProgram, method), method
+  tree = ast.parse(Path(trace.__file__).read_text(encoding="utf-8"))
+  imported = {a.name for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom)
+              for a in node.names} | {node.module for node in ast.walk(tree)
+                                      if isinstance(node, ast.ImportFrom)}
+  assert not imported & {"diagnose", "report", "ResidualReport", "Finding",
+                         "remat_toolkit._src.analysis.diagnose",
+                         "remat_toolkit._src.analysis.report"}, imported
+
+
+def test_compare_diagnoses_the_program_once_and_each_policy_once(monkeypatch):
+  calls = collections.Counter()
+
+  def counted(module, name):
+    real = getattr(module, name)
+
+    def call(*args, **kwargs):
+      calls[name] += 1
+      return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, call)
+
+  for name in ("program_findings", "policy_findings"):
+    counted(report, name)
+  for name in ("selection_warnings", "per_region_warnings", "kernel_warnings"):
+    counted(diagnose, name)
+  policies = ["boundary-only", "save-ffn", "save-qkv"]
+  with pytest.warns(UserWarning) as raised:
+    comparison = rt.compare(_mixed_loss, W, X, policies=policies)
+  assert calls == {"program_findings": 1, "policy_findings": 3,
+                   "selection_warnings": 3, "per_region_warnings": 3,
+                   "kernel_warnings": 3}
+  # Each finding once, without dropping repeats: the regions' for no one
+  # policy, then the policy keeping none of its names; each report words
+  # the regions' finding for its own policy.
+  assert [(w.kind, w.policy) for w in comparison.warnings] == [
+      ("own-policies", None), ("keeps-none", "save-qkv")]
+  assert "1 of 3 remat regions has its own policy" in comparison.warnings[0]
+  assert [str(w.message) for w in raised] == list(comparison.warnings)
+  for name, r in comparison.reports.items():
+    assert r.warnings[0].kind == "own-policies"
+    assert f"ignores policy {name!r}" in r.warnings[0]
 
 
 # ---------------------------------------------------------------- jaxpr helpers verify uses

@@ -5,7 +5,9 @@ region that reads the ambient policy is then given each policy in turn inside
 the traced program, so comparing many policies re-traces no Python code.
 Where the pieces live: the results as data in :mod:`~remat_toolkit._src.results.analysis`,
 their text and HTML in :mod:`~remat_toolkit._src.display`, the warnings they
-carry in :mod:`~remat_toolkit._src.analysis.diagnose`, and each residual's bytes in
+carry in :mod:`~remat_toolkit._src.analysis.diagnose`, composed with the
+measurements by :mod:`~remat_toolkit._src.analysis.report` (once per program,
+once per policy), and each residual's bytes in
 :mod:`~remat_toolkit._src.analysis.residuals`.
 
 Example:
@@ -29,9 +31,7 @@ from typing import Any
 
 import jax
 
-from remat_toolkit._src.analysis.diagnose import KERNEL_KINDS
-from remat_toolkit._src.analysis.diagnose import region_warnings
-from remat_toolkit._src.analysis.diagnose import selection_warnings
+from remat_toolkit._src.analysis import report as _report
 from remat_toolkit._src.analysis.peak import StepBuilder
 from remat_toolkit._src.analysis.peak import program_peak
 from remat_toolkit._src.analysis.trace import TracedProgram
@@ -83,7 +83,8 @@ def analyze(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
     128
   """
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
-  report = TracedProgram(fn, args).report(resolved, compile=compile)
+  report = _report.build_report(TracedProgram(fn, args), resolved,
+                                compile=compile)
   warn_once(report.warnings)
   return report
 
@@ -146,18 +147,29 @@ def compare(fn: Callable[..., Any], *args: Any,
   chosen = resolve.resolve_policies(policies)
   runnable, skipped = resolve.split_runnable(chosen)
   program = TracedProgram(fn, args)
-  reports = {p.name: program.report(p, compile=compile) for p in runnable}
+  # Diagnosed once for the program and once per policy; every report and
+  # the comparison's own warnings are composed from these.
+  found = _report.program_findings(program)
+  measured = {p.name: program.measure(p, compile=compile) for p in runnable}
+  said = {p.name: _report.policy_findings(program, p, measured[p.name])
+          for p in runnable}
+  reports = {p.name: _report.compose_report(program, p, measured[p.name],
+                                            found, said[p.name])
+             for p in runnable}
   peaks = (_peaks(program, len(jax.tree_util.tree_leaves(args[0])), runnable,
                   reports, compile=compile) if peak else None)
-  found = region_warnings(program) + [
-      w for p in runnable for w in selection_warnings(program, p)] + [
-      w for r in reports.values() for w in r.warnings
-      if getattr(w, "kind", None) in KERNEL_KINDS] + [
-      w for p in (peaks or {}).values() for w in p.warnings]
+  # The comparison words the regions' finding for no one policy.
+  warnings = [*found.about_regions(),
+              *(w for s in said.values() for w in s.selection),
+              *(w for s in said.values() for w in s.kernels)]
+  # A compiled peak's finding about the machine (XLA:CPU's scheduler) is
+  # the same sentence under every policy: listed once.
+  warnings += dict.fromkeys(w for p in (peaks or {}).values()
+                            for w in p.warnings)
   comparison = Comparison(
       reports=reports, skipped=skipped, regions=program.regions,
-      warnings=tuple(dict.fromkeys(found)),
-      baseline=_baseline(program, runnable, reports), peaks=peaks)
+      warnings=tuple(warnings),
+      baseline=_baseline(program, runnable, reports, found), peaks=peaks)
   warn_once([*skipped.values(), *comparison.warnings])
   return comparison
 
@@ -174,7 +186,8 @@ def _peaks(program: TracedProgram, num_params: int,
 
 
 def _baseline(program: TracedProgram, compared: Sequence[Policy],
-              reports: dict[str, ResidualReport]) -> ResidualReport | None:
+              reports: dict[str, ResidualReport],
+              found: _report.ProgramFindings) -> ResidualReport | None:
   """The built-in save-everything's report, when that policy is compared.
 
   Measured with :data:`resolve.SAVE_EVERYTHING`, not the catalogue's entry,
@@ -186,4 +199,4 @@ def _baseline(program: TracedProgram, compared: Sequence[Policy],
     return None
   if program.lowered(same_name[0]) == program.lowered(baseline):
     return reports[same_name[0].name]
-  return program.report(baseline)
+  return _report.build_report(program, baseline, found=found)

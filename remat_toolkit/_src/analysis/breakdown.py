@@ -29,11 +29,13 @@ import jax
 import numpy as np
 import optax
 
+from remat_toolkit._src.analysis.report import build_report
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.analysis.trace import cpu_scheduler_setting
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.resolve import PolicyLike
+from remat_toolkit._src.results.analysis import kept_bytes
 from remat_toolkit._src.results.breakdown import Breakdown
 
 __all__ = ["memory_breakdown", "OPTIMIZERS", "resolve_optimizer"]
@@ -144,11 +146,11 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   opt, opt_name = (None, None) if optimizer is None else resolve_optimizer(optimizer)
   program = TracedProgram(fn, (params, *batch))
-  report = program.report(resolved, compile=compile)
+  report = build_report(program, resolved, compile=compile)
   # The range remat spans is the built-in constants', whatever the
-  # catalogue holds under their names.
-  least = program.report(resolve.BOUNDARY_ONLY).activation_bytes
-  most = program.report(resolve.SAVE_EVERYTHING).activation_bytes
+  # catalogue holds under their names: their kept bytes, nothing to report.
+  least = kept_bytes(program.residuals(resolve.BOUNDARY_ONLY))
+  most = kept_bytes(program.residuals(resolve.SAVE_EVERYTHING))
   opt_bytes = 0
   if opt is not None:
     abstract = jax.tree_util.tree_map(

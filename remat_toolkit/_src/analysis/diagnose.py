@@ -3,7 +3,9 @@
 A result whose figures are not the policy's own says so: in its
 ``warnings`` field, in its text and HTML, and once as a ``UserWarning``.
 Every entry point (analyze, compare, memory_breakdown, verify, plan, bench)
-asks this module, so they say them alike: a function with no remat region,
+asks this module through the report builder
+(:mod:`remat_toolkit._src.analysis.report`, which runs it once per program
+and once per policy), so they say them alike: a function with no remat region,
 regions with a policy of their own, a policy that keeps none of its names
 in this model, a matmul policy that passes over the model's matmuls
 (convolutions, batched einsums); and on models with attention: a kernel
@@ -39,21 +41,18 @@ from remat_toolkit._src.policies.findings import uncovered_regions
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.results.analysis import kept_bytes
 
-__all__ = ["region_warnings", "unmatched_names_warning", "matmul_warning",
-           "selection_warnings", "per_region_warnings", "policy_warnings",
+__all__ = ["Regions", "region_warnings", "unmatched_names_warning",
+           "matmul_warning", "selection_warnings", "per_region_warnings",
            "own_policy_text", "kernel_warnings", "kernel_rerun_warning",
-           "custom_vjp_mode_warning", "activation_matmul_warning",
-           "KERNEL_KINDS"]
-
-#: The findings about kernels and attention a comparison repeats per policy.
-KERNEL_KINDS = frozenset({"kernel-rerun", "modes-differ", "activation-matmuls"})
+           "custom_vjp_mode_warning", "activation_matmul_warning"]
 
 
-
-class TracedProgram(Protocol):
-  """What the findings read of a traced program
-  (:class:`~remat_toolkit._src.analysis.trace.TracedProgram` is one): its
-  regions, and what the regions that read the ambient policy hold."""
+class Regions(Protocol):
+  """What :func:`region_warnings` reads: how many regions take the ambient
+  policy, and the regions with a policy of their own (a traced program, or
+  the report builder's
+  :class:`~remat_toolkit._src.analysis.report.ProgramFindings`, which read
+  them once)."""
 
   # Properties: the findings only read them, and most are computed.
   @property
@@ -61,7 +60,14 @@ class TracedProgram(Protocol):
   @property
   def shadowed_regions(self) -> int: ...
   @property
-  def own_policy_regions(self) -> list[tuple[str, str]]: ...
+  def own_policy_regions(self) -> Sequence[tuple[str, str]]: ...
+
+
+class TracedProgram(Regions, Protocol):
+  """What the findings read of a traced program
+  (:class:`~remat_toolkit._src.analysis.trace.TracedProgram` is one): its
+  regions, and what the regions that read the ambient policy hold."""
+
   @property
   def region_keys(self) -> tuple[str, ...]: ...
   @property
@@ -89,7 +95,7 @@ def own_policy_text(regions: Sequence[tuple[str, str]], limit: int = 3) -> str:
   return "; ".join(parts)
 
 
-def region_warnings(program: TracedProgram, policy: str | None = None
+def region_warnings(program: Regions, policy: str | None = None
                     ) -> list[Finding]:
   """Why ``policy`` (None: any policy asked for) may not shape the figures.
 
@@ -128,8 +134,8 @@ def region_warnings(program: TracedProgram, policy: str | None = None
   return []
 
 
-def _shadowed_warning(program: TracedProgram, subject: str,
-                      own: list[tuple[str, str]]) -> str:
+def _shadowed_warning(program: Regions, subject: str,
+                      own: Sequence[tuple[str, str]]) -> str:
   """Regions nested in the model's own regions: the outer policy wins."""
   shadowed, total = program.shadowed_regions, program.regions
   if shadowed == total:
@@ -385,21 +391,3 @@ def kernel_warnings(program: TracedProgram, policy: Any, residuals: Sequence[Any
            custom_vjp_mode_warning(program, policy),
            activation_matmul_warning(policy, kept, counted)]
   return [w for w in found if w]
-
-
-def policy_warnings(program: TracedProgram, policy: Any, *,
-                    asked: bool = True) -> list[Finding]:
-  """Every reason the figures of ``policy`` on ``program`` may mislead.
-
-  Args:
-    program: the traced function.
-    policy: a :class:`Policy` or anything with a ``name``.
-    asked: False when the caller did not choose the policy (the function is
-      examined as it is): regions with their own policy are then expected.
-  """
-  name = getattr(policy, "name", None)
-  found = []
-  if asked or not (program.regions or program.own_policy_regions):
-    found.extend(region_warnings(program, name))
-  found.extend(selection_warnings(program, policy))
-  return found + per_region_warnings(program, policy)

@@ -49,6 +49,7 @@ from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import PolicyLike
+from remat_toolkit._src.results.analysis import kept_bytes as _kept_bytes
 from remat_toolkit._src.results.peak import PREDICTION_TOLERANCE
 from remat_toolkit._src.results.peak import LiveTensor
 from remat_toolkit._src.results.peak import Peak
@@ -240,7 +241,7 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
   where = _clean_path(predicted.module_path, program.root) or "the top level"
   when = f"{'backward' if predicted.backward else 'forward'} of {where}"
   if kept_bytes is None:
-    kept_bytes = program.report(policy).activation_bytes
+    kept_bytes = _kept_bytes(program.residuals(policy))
   found: list[Finding] = []
   xla_bytes = xla_live = flags = None
   if compile:

@@ -8,6 +8,12 @@ each region a policy of its own, re-traces no Python code. The residuals'
 bytes are counted in :mod:`remat_toolkit._src.analysis.residuals`, their per-device
 share in :mod:`remat_toolkit._src.analysis.sharding`.
 
+It only measures (:meth:`TracedProgram.measure`: residuals, FLOPs, kernels
+run again, per-device shares, XLA's figures). Saying what the figures mean
+for the user, and when they may mislead, is the report builder's
+(:mod:`remat_toolkit._src.analysis.report`): it diagnoses a program once and
+each policy once, however many results read them.
+
 Example:
   >>> import jax, jax.numpy as jnp
   >>> import remat_toolkit as rt
@@ -35,27 +41,59 @@ from remat_toolkit._src.analysis import regions as _regions
 from remat_toolkit._src.analysis import residuals as _residuals
 from remat_toolkit._src.analysis import sharding as _sharding
 from remat_toolkit._src.analysis import sources as _sources
-from remat_toolkit._src.analysis.diagnose import kernel_warnings
-from remat_toolkit._src.analysis.diagnose import policy_warnings
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
 from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import lowering
 from remat_toolkit._src.policies import region_inputs
-from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import SAVE_EVERYTHING
 from remat_toolkit._src.results.analysis import RecomputedKernel
 from remat_toolkit._src.results.analysis import Residual
-from remat_toolkit._src.results.analysis import ResidualReport
 from remat_toolkit._src.results.analysis import kept_bytes
 
-__all__ = ["TracedProgram", "cpu_scheduler_setting"]
+__all__ = ["TracedProgram", "Measurement", "cpu_scheduler_setting"]
 
 _CUDNN_REFUSAL = (
     "the model calls a cuDNN kernel (jax.nn.dot_product_attention with "
     "implementation='cudnn'), which JAX cannot trace without a GPU; analyse it "
     "with implementation='xla' (or None), or run the analysis on a GPU.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  """One policy measured on a traced program (:meth:`TracedProgram.measure`).
+
+  Figures only: what a result says about them is found and composed by
+  :mod:`remat_toolkit._src.analysis.report`.
+
+  Attributes:
+    residuals: what the training step keeps for the backward pass, in the
+      order JAX saves them; each with its per-device share when measured.
+    activation_matmuls: per residual, whether a ``dot_general`` of two
+      activations (neither operand a parameter) made it.
+    backward_flops: matmul/conv FLOPs of the backward pass, recompute
+      included.
+    recomputed_kernels: the kernels whose forward runs again in the backward
+      pass.
+    device_shares: per residual, the bytes one device holds; None when not
+      measured or the arguments are not sharded over several devices.
+    xla: XLA's ``memory_analysis()`` figures when measured with ``compile``.
+  """
+
+  residuals: tuple[Residual, ...]
+  activation_matmuls: tuple[bool, ...]
+  backward_flops: int
+  recomputed_kernels: tuple[RecomputedKernel, ...]
+  device_shares: tuple[int, ...] | None = None
+  xla: dict[str, Any] | None = None
+
+  @property
+  def per_device_activation_bytes(self) -> int | None:
+    """Activation bytes one device holds, when the shares were measured."""
+    if self.device_shares is None:
+      return None
+    return kept_bytes(self.residuals, sizes=self.device_shares)
 
 
 class TracedProgram:
@@ -364,16 +402,9 @@ class TracedProgram:
     return tuple(found)
 
   def residuals(self, policy: Policy) -> list[Residual]:
-    """What ``policy`` keeps, without the per-device shares a report adds."""
+    """What ``policy`` keeps, without the per-device shares :meth:`measure`
+    adds."""
     return [self._residual(o) for o in self._origins(policy)]
-
-  def kernel_findings(self, policy: Policy) -> list[Finding]:
-    """What the report of ``policy`` says about kernels and attention, made
-    without the rest of the report (per-device shares may compile)."""
-    origins = self._origins(policy)
-    return self._kernel_findings(policy, origins,
-                                 [self._residual(o) for o in origins],
-                                 self.recomputed_kernels(policy))
 
   def _origins(self, policy: Policy) -> list[_residuals.ResidualOrigin]:
     key = self.lowered(policy)
@@ -382,13 +413,6 @@ class TracedProgram:
       self._origins_of[key] = _residuals.residual_origins(
           step.jaxpr, 1, step.num_residuals)
     return self._origins_of[key]
-
-  def _kernel_findings(self, policy: Policy,
-                       origins: Sequence[_residuals.ResidualOrigin],
-                       residuals: Sequence[Residual],
-                       recomputed: Sequence[RecomputedKernel]) -> list[Finding]:
-    return kernel_warnings(self, policy, residuals,
-                           [o.activation_matmul for o in origins], recomputed)
 
   def _residual(self, o: _residuals.ResidualOrigin) -> Residual:
     if o.kind == "argument" and o.arg_index is not None:
@@ -414,38 +438,46 @@ class TracedProgram:
         memory_kind=o.memory_kind, stacked=o.stacked, label=label,
         kernel=o.kernel)
 
-  def report(self, policy: Policy, *, compile: bool = False) -> ResidualReport:
-    """The :class:`ResidualReport` of ``policy`` on this program."""
+  def measure(self, policy: Policy, *, device_shares: bool = True,
+              compile: bool = False) -> Measurement:
+    """What the training step keeps and computes under ``policy``.
+
+    Args:
+      policy: the policy every ambient region takes.
+      device_shares: also find each residual's per-device share, where the
+        arguments are sharded (this may compile, here or in a subprocess).
+      compile: also compile ``jit(grad(fn))`` for XLA's memory analysis.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> import remat_toolkit as rt
+      >>> from remat_toolkit._src.analysis.trace import TracedProgram
+      >>> f = rt.remat(lambda x: jnp.sin(rt.tag(jnp.sin(x), "ffn.up")).sum())
+      >>> program = TracedProgram(f, (jax.ShapeDtypeStruct((4,), jnp.float32),))
+      >>> m = program.measure(rt.get_policy("save-ffn"))
+      >>> [(r.kind, r.name, r.nbytes) for r in m.residuals]
+      [('argument', None, 16), ('activation', 'ffn.up', 16)]
+      >>> m.per_device_activation_bytes is None  # unsharded arguments
+      True
+    """
     step = self.step(policy)
     origins = self._origins(policy)
     residuals = tuple(self._residual(o) for o in origins)
-    base = self.baseline_step_flops
-    total = self.forward_flops + step.backward_flops
     # Per-device shares, by the method the arguments' shardings allow
     # (read off the trace, or compiled here or in a subprocess).
-    shares = _sharding.residual_device_bytes(origins, self._leaves, step,
-                                             self._layout)
-    per_device = None
+    shares = (_sharding.residual_device_bytes(origins, self._leaves, step,
+                                              self._layout)
+              if device_shares else None)
     if shares is not None:
       residuals = tuple(dataclasses.replace(r, per_device_nbytes=b)
                         for r, b in zip(residuals, shares, strict=True))
-      per_device = kept_bytes(residuals, sizes=shares)
-    notes = [Finding(self._layout.note, "note")] if self._layout.note else []
-    recomputed = self.recomputed_kernels(policy)
-    kernel_notes = self._kernel_findings(policy, origins, residuals,
-                                         recomputed)
-    return ResidualReport(
-        policy=policy.name, residuals=residuals,
-        forward_flops=self.forward_flops,
+    return Measurement(
+        residuals=residuals,
+        activation_matmuls=tuple(o.activation_matmul for o in origins),
         backward_flops=step.backward_flops,
-        recompute_flops=max(total - base, 0), baseline_step_flops=base,
-        remat_regions=self.regions,
-        xla=self.xla_memory(policy) if compile else None,
-        devices=self._layout.devices, per_device_activation_bytes=per_device,
-        warnings=(tuple(policy_warnings(self, policy)) + tuple(kernel_notes)
-                  + tuple(notes)),
-        per_device_method=self._layout.method,
-        recomputed_kernels=recomputed)
+        recomputed_kernels=self.recomputed_kernels(policy),
+        device_shares=None if shares is None else tuple(shares),
+        xla=self.xla_memory(policy) if compile else None)
 
   def xla_memory(self, policy: Policy) -> dict[str, Any]:
     """XLA's ``memory_analysis()`` of ``jit(grad(fn))`` under ``policy``.

@@ -47,8 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from remat_toolkit._src.analysis import regions as _regions
-from remat_toolkit._src.analysis.diagnose import policy_warnings
-from remat_toolkit._src.analysis.diagnose import unmatched_names_warning
+from remat_toolkit._src.analysis.report import policy_findings
+from remat_toolkit._src.analysis.report import program_findings
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
@@ -318,19 +318,24 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   _check_options(rtol, atol, seed)
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   program = TracedProgram(fn, args)
-  residuals = program.residuals(resolved)
+  # Per-device shares are no part of a check (they may compile).
+  measured = program.measure(resolved, device_shares=False)
+  residuals = measured.residuals
   kept = _residual_signature(residuals)
 
   # Shared with every other entry point: regions that do not take the
   # policy, and a policy that keeps none of its names.
-  unheard = policy_warnings(program, resolved, asked=policy is not None)
+  said = policy_findings(program, resolved, measured)
+  regions = program_findings(program).about_regions(
+      resolved.name, asked=policy is not None)
+  unheard = [*regions, *said.selection, *said.per_region]
   warnings: list[Finding] = list(unheard)
   for extra in (_remat3_warning(resolved), _retrace_warning(fn, args, program)):
     if extra:
       warnings.append(extra)
   warnings.extend(_effect_warnings(program))
   # What the report finds about kernels and attention, said here too.
-  warnings.extend(program.kernel_findings(resolved))
+  warnings.extend(said.kernels)
 
   default = default_tolerances(_jaxpr.float_dtypes_in(program.jaxpr.jaxpr))
   rtol = default[0] if rtol is None else float(rtol)
@@ -343,10 +348,9 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
 
   diff, inputs = None, "not checked"
   if check_values:
-    # When the result carries that finding, tracing fn's regions again
-    # must not raise it a second time.
-    carried = unmatched_names_warning(program, resolved) is not None
-    with findings.quiet(carried):
+    # When the result says the policy keeps none of its names, tracing
+    # fn's regions again must not raise that a second time.
+    with findings.quiet(said.keeps_none):
       diff, inputs = _check_gradients(fn, args, program, resolved, reference,
                                       rtol, atol, seed, warnings)
   result = Verification(

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import jax
 import optax
 
-from remat_toolkit._src.analysis import diagnose
+from remat_toolkit._src.analysis import report
 from remat_toolkit._src.analysis import trace
 from remat_toolkit._src.bench import train_step
 from remat_toolkit._src.bench.workload import DEFAULT_MODEL
@@ -246,11 +246,13 @@ def _policy_findings(workload: Workload, policies: Sequence[Policy]
   """
   program = trace.TracedProgram(workload.loss_fn,
                                    (workload.params, workload.batch))
-  found = diagnose.region_warnings(program)
+  found = report.program_findings(program).about_regions()
   silent = set()
   for policy in policies:
-    found.extend(diagnose.selection_warnings(program, policy))
-    if diagnose.unmatched_names_warning(program, policy):
+    # Without a measurement: what the policy selects, not what it recomputes.
+    said = report.policy_findings(program, policy)
+    found.extend(said.selection)
+    if said.keeps_none:
       silent.add(policy.name)
   return found, frozenset(silent)
 

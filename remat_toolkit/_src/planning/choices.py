@@ -24,6 +24,9 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
+from remat_toolkit._src.analysis.report import ProgramFindings
+from remat_toolkit._src.analysis.report import build_report
+from remat_toolkit._src.analysis.report import program_findings
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.core.format import format_bytes
 from remat_toolkit._src.core.globs import escape_glob
@@ -77,11 +80,16 @@ def model_id(fn: Callable[..., Any], program: TracedProgram) -> str:
 
 
 class Evaluator:
-  """Real measurements of choices on one traced program, cached."""
+  """Real measurements of choices on one traced program, cached.
+
+  Every report it makes shares the program's findings (``found``, found
+  here when not given): a candidate diagnoses only its own policy.
+  """
 
   def __init__(self, program: TracedProgram, transfer_flops_per_byte: float,
-               per_device: bool = False):
+               per_device: bool = False, found: ProgramFindings | None = None):
     self.program = program
+    self.findings = program_findings(program) if found is None else found
     self.transfer = transfer_flops_per_byte
     self.per_device = per_device
     self.evaluations = 0
@@ -96,7 +104,8 @@ class Evaluator:
     if self.limit is not None and self.evaluations >= self.limit:
       raise OutOfEvaluations
     self.evaluations += 1
-    report = self.program.report(choice_policy(choice, "plan-candidate"))
+    report = build_report(self.program, choice_policy(choice, "plan-candidate"),
+                          found=self.findings)
     self._cache[choice] = outcome = self._outcome(choice, report)
     return outcome
 
@@ -107,7 +116,7 @@ class Evaluator:
     if found is None:
       self.evaluations += 1
       found = self._policies[policy] = self._outcome(
-          None, self.program.report(policy))
+          None, build_report(self.program, policy, found=self.findings))
     return found
 
   def _outcome(self, choice: Choice | None, report: ResidualReport) -> Outcome:

@@ -62,7 +62,7 @@ from typing import Any
 import jax
 
 from remat_toolkit._src.analysis.breakdown import resolve_optimizer
-from remat_toolkit._src.analysis.diagnose import region_warnings
+from remat_toolkit._src.analysis.report import program_findings
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.core.format import format_bytes
 from remat_toolkit._src.core.format import parse_bytes
@@ -181,21 +181,20 @@ class Planner:
     optimizer = None if optimizer is None else resolve_optimizer(optimizer)
     program = TracedProgram(fn, args)
     self.per_device = check_per_device(per_device, program)
+    # Found once: the plan's warnings, and every candidate's report.
+    found = program_findings(program)
     if program.regions == 0:
-      raise ValueError("There is nothing to plan: "
-                       + region_warnings(program)[0])
+      raise ValueError("There is nothing to plan: " + found.about_regions()[0])
     self.program = program
-    self.warnings: tuple[Finding, ...] = tuple(
-        region_warnings(program)
-        + ([] if program.ambient_names else [_NO_NAMES])
-        + ([Finding(program.layout.note, "note")] if program.layout.note
-           else []))
+    self.warnings: tuple[Finding, ...] = (
+        *found.about_regions(),
+        *(() if program.ambient_names else (_NO_NAMES,)), *found.notes)
     self.allow_offload = allow_offload
     self.host_bandwidth = float(host_bandwidth)
     self.device_flops = float(device_flops)
     # Measures choices and policies, cached; shared with per-region plans.
     self.evaluate = Evaluator(program, self.device_flops / self.host_bandwidth,
-                              per_device)
+                              per_device, found)
     # Offloading, a plan may also move each region's input (region_inputs).
     offloadable = {region_inputs.INPUT_NAME} if allow_offload else set()
     self.names: tuple[str, ...] = tuple(sorted(program.names | offloadable))

@@ -211,7 +211,7 @@ class ResidualReport(Result):
       names in this model; kernels that run again, remat modes that keep a
       kernel's residuals differently, matmuls of two activations (S x S
       attention logits) a matmul policy keeps (see
-      :func:`remat_toolkit._src.analysis.diagnose.policy_warnings`).
+      :func:`remat_toolkit._src.analysis.report.build_report`).
     recomputed_kernels: the kernels (``custom_vjp`` or Pallas) whose forward
       runs again in the backward pass under this policy, with the FLOPs of
       that re-run (counted in :attr:`recompute_flops` too); empty when every

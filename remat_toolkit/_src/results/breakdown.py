@@ -58,7 +58,7 @@ class Breakdown(Result):
       ``policy`` (only with ``compile=True``).
     xla_note: the backend (and CPU scheduler) that figure was taken with.
     warnings: why the activations may not be the policy's own (see
-      :func:`remat_toolkit._src.analysis.diagnose.policy_warnings`).
+      :func:`remat_toolkit._src.analysis.report.build_report`).
   """
 
   param_bytes: int
