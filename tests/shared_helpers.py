@@ -70,6 +70,7 @@ test using a name outside its module's ``__all__``.
 """
 
 import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -509,62 +510,26 @@ def scanned_mlp_args(batch_size=8, abstract=False, layers=4, width=16):
 
 # ---------------------------------------------------------------- documentation
 
-@dataclasses.dataclass(frozen=True)
-class CodeBlock:
-  """A fenced code block of a Markdown page.
-
-  ``directive`` is set by an HTML comment on the line before the fence:
-  ``<!-- skip: needs a GPU -->`` (the block is not run, for that reason) or
-  ``<!-- file: my_policies/keep-qk.toml -->`` (the block is that file's text,
-  written before the page's next blocks run).
-  """
-
-  lang: str
-  code: str
-  line: int
-  directive: str = ""
-  argument: str = ""
+def _load_docs_examples():
+  """``docs/_ext/example_outputs.py``, loaded by path (it is build code, not a
+  package): the pages' parser, runner and output comparison, one copy for the
+  tests and the script that writes the pages' output blocks."""
+  path = Path(__file__).resolve().parent.parent / "docs" / "_ext" / "example_outputs.py"
+  spec = importlib.util.spec_from_file_location("docs_example_outputs", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up while defining
+  spec.loader.exec_module(module)
+  return module
 
 
-_FENCE = re.compile(
-    r"^(?:<!--\s*(?P<directive>skip|file):\s*(?P<argument>.*?)\s*-->\n)?"
-    r"```(?P<lang>[\w-]*)[^\n]*\n(?P<code>.*?)^```[ \t]*$", re.M | re.S)
-
-
-def markdown_code_blocks(path: Path) -> list[CodeBlock]:
-  """The fenced blocks of a Markdown file, in order.
-
-  Only fences at the start of a line count; an indented fence (inside a list)
-  would be missed, so it fails instead of being skipped unseen.
-  """
-  text = path.read_text(encoding="utf-8")
-  blocks = [CodeBlock(lang=m["lang"], code=m["code"],
-                      line=text.count("\n", 0, m.start("lang")) + 1,
-                      directive=m["directive"] or "", argument=m["argument"] or "")
-            for m in _FENCE.finditer(text)]
-  fences = len(re.findall(r"^[ \t]*```python", text, re.M))
-  parsed = sum(b.lang == "python" for b in blocks)
-  assert fences == parsed, (
-      f"{path}: {fences - parsed} ```python block(s) are indented or unclosed; "
-      "start each fence at the beginning of a line so its example runs.")
-  return blocks
-
-
-def run_markdown_examples(path: Path, capsys) -> dict[int, str]:
-  """Runs a page's Python blocks in order in one namespace, as a reader would.
-
-  ``file:`` blocks are written (relative to the current directory) before the
-  blocks after them run; ``skip:`` blocks are left out. Returns what each
-  block printed, by the line of its fence.
-  """
-  namespace: dict = {"__name__": f"docs_{path.stem.replace('-', '_')}"}
-  printed = {}
-  for block in markdown_code_blocks(path):
-    if block.directive == "file":
-      target = Path(block.argument)
-      target.parent.mkdir(parents=True, exist_ok=True)
-      target.write_text(block.code, encoding="utf-8")
-    elif block.lang == "python" and block.directive != "skip":
-      exec(compile(block.code, f"{path.name}, line {block.line}", "exec"), namespace)
-      printed[block.line] = capsys.readouterr().out
-  return printed
+#: The docs pages' examples: :func:`docs_examples.reader_environment`,
+#: ``.examples``, ``.differences``, ``.layout_problems`` (see that file).
+docs_examples = _load_docs_examples()
+#: A fenced block of a Markdown page, its directive (``skip:``, ``file:``,
+#: ``output:``) included.
+CodeBlock = docs_examples.CodeBlock
+#: The fenced blocks of a Markdown file, in order.
+markdown_code_blocks = docs_examples.markdown_code_blocks
+#: Runs a page's Python blocks in order in one namespace, as a reader would:
+#: what each printed, by the line of its fence.
+run_markdown_examples = docs_examples.run_examples

@@ -23,9 +23,9 @@ def _section(text, name):
   return match.group(1)
 
 
-def test_every_python_block_runs_and_the_five_minute_example_prints_its_point(capsys):
+def test_every_python_block_runs_and_the_five_minute_example_prints_its_point():
   text = README.read_text(encoding="utf-8")
-  printed = run_markdown_examples(README, capsys)
+  printed = run_markdown_examples(README)
   assert printed, "README.md has no Python block"
   section = _section(text, "five-minutes")
   five_minutes = next(printed[b.line] for b in markdown_code_blocks(README)
