@@ -7,6 +7,7 @@ before JAX starts), on both layouts, several policies and both remat modes.
 """
 
 import json
+import re
 import textwrap
 
 import jax
@@ -66,6 +67,31 @@ def test_xla_bytes_is_memory_analysis_and_both_lists_sum(policy, remat_mode):
   assert sum(b.nbytes for b in p.xla_live) == p.xla_bytes
   assert sum(t.nbytes for t in p.live) == p.bytes
   assert {b.phase for b in p.xla_live} >= {"argument", "output"}
+
+
+def _compiled_tanh_count(policy):
+  """How many ``tanh`` the compiled step computes (3 blocks: 3 in the
+  forward pass, 3 more where the backward pass recomputes them)."""
+  with rt.use_policy(policy):
+    text = jax.jit(jax.grad(loss)).lower(PARAMS, X).compile().as_text()
+  return len(re.findall(r"\btanh\(", text))
+
+
+@pytest.mark.parametrize("policy", ["boundary-only", "save-ffn"])
+def test_a_recomputation_xla_merged_into_the_forward_pass_is_said(policy,
+                                                                  remat_mode):
+  """Read from the compiled program itself: where XLA computes each block's
+  tanh once although the policy recomputes it, the result says XLA merged
+  the recomputation (XLA:CPU of jax 0.10 does, in plain jax.checkpoint
+  regions); where it computes it twice, or the policy keeps it, it does not."""
+  del remat_mode
+  p = rt.peak(loss, PARAMS, X, policy=policy, compile=True)
+  merged = policy == "boundary-only" and _compiled_tanh_count(policy) == 3
+  kinds = [w.kind for w in p.warnings]
+  assert ("xla-merged-recompute" in kinds) == merged, (kinds, merged)
+  if merged:
+    assert "boundary-only" in next(w for w in p.warnings
+                                    if w.kind == "xla-merged-recompute")
 
 
 def test_state_held_for_the_whole_step_by_hand():

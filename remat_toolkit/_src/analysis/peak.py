@@ -216,6 +216,11 @@ class StepBuilder:
     return arg_phases, arg_labels, out_phases, out_labels, donated
 
 
+#: Recomputation under this share of a step's FLOPs is not looked for in
+#: XLA's count (its elementwise FLOPs are of that order).
+MERGE_MIN_SHARE = 0.05
+
+
 def program_peak(builder: StepBuilder, policy: Policy, *,
                  compile: bool = False, kept_bytes: int | None = None) -> Peak:
   """The :class:`Peak` of ``policy`` on a traced program (nothing raised)."""
@@ -245,8 +250,10 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
   found: list[Finding] = []
   xla_bytes = xla_live = flags = None
   if compile:
-    xla_bytes, xla_live, found = _compiled(step, args, donate, policy)
+    xla_bytes, xla_live, xla_flops, found = _compiled(step, args, donate,
+                                                      policy)
     flags = os.environ.get("XLA_FLAGS", "")
+    found += _merged_recompute(program, policy, xla_flops)
   result = Peak(policy=policy.name, bytes=predicted.bytes, live=live,
                 when=when, kept_bytes=kept_bytes, step=builder.step_name,
                 backend=backend, xla_bytes=xla_bytes, xla_live=xla_live,
@@ -277,7 +284,10 @@ def _clean_path(path: str, root: str) -> str:
 
 
 def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
-              policy: Policy) -> tuple[int, tuple[XlaBuffer, ...], list[Finding]]:
+              policy: Policy
+              ) -> tuple[int, tuple[XlaBuffer, ...], float | None, list[Finding]]:
+  """XLA's figure, its buffers live at its peak, the FLOPs it counts in the
+  compiled step, and what it says of itself."""
   lowered = jax.jit(step, donate_argnums=donate).lower(*args)
   compiled, scheduled = xla_buffers.compile_with_buffers(lowered)
   stats = compiled.memory_analysis()
@@ -308,7 +318,50 @@ def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
         f"XLA's figure was compiled with XLA:CPU's {cpu_scheduler_setting()}; "
         "the prediction models the scheduler off.", "cpu-scheduler",
         policy.name))
-  return total, tuple(buffers), found
+  return total, tuple(buffers), _flops_of(compiled), found
+
+
+def _flops_of(compiled: Any) -> float | None:
+  """The FLOPs XLA's cost analysis counts in a compiled program (a dict, or
+  a list of one per program on some releases; None where it has none)."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # noqa: BLE001 (backends without a cost analysis)
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  flops = cost.get("flops") if isinstance(cost, dict) else None
+  return float(flops) if flops is not None else None
+
+
+def _merged_recompute(program: TracedProgram, policy: Policy,
+                      xla_flops: float | None) -> list[Finding]:
+  """Where XLA merged the policy's recomputation into the forward pass.
+
+  XLA:CPU (the jax 0.10 one, in plain ``jax.checkpoint`` regions) removes
+  remat's optimization barriers and then merges the recomputation with the
+  forward pass it repeats: the compiled step keeps what the policy
+  recomputes. Its FLOPs say so: about those of a step without remat, not
+  those plus the recomputation. A count far under the program's matmuls
+  (kernels XLA cannot count) decides nothing.
+  """
+  if xla_flops is None:
+    return []
+  baseline = program.baseline_step_flops
+  recompute = program.forward_flops + program.step(policy).backward_flops - baseline
+  if (baseline <= 0 or recompute < MERGE_MIN_SHARE * baseline
+      or xla_flops < (1 - MERGE_MIN_SHARE) * baseline
+      or xla_flops >= baseline + recompute / 2):
+    return []
+  return [Finding(
+      f"XLA merged the recomputation of {policy.name!r} into the forward pass: "
+      f"the compiled step runs {xla_flops:.3g} FLOPs, about the "
+      f"{baseline:.3g} of a step without remat, not the "
+      f"{baseline + recompute:.3g} its recomputation implies. The compiled "
+      "step keeps what the policy recomputes, so XLA's figure is above the "
+      "prediction (which follows the policy) and the policy saves less on "
+      "this backend than it says; measure on the device you train on.",
+      "xla-merged-recompute", policy.name)]
 
 
 def _limit_findings(result: Peak) -> list[Finding]:

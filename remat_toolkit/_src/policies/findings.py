@@ -54,6 +54,7 @@ KINDS: dict[str, str] = {
     "ignored-by-remat3": "jax_remat3 ignores a JAX policy: full recompute",
     "unrunnable": "the policy cannot run on this JAX now",
     "xla-remat": "XLA rematerialized instructions itself to fit memory",
+    "xla-merged-recompute": "XLA merged a policy's recomputation into the forward pass",
     "cpu-scheduler": "XLA:CPU's default scheduler hides remat's effect",
     "device-limit": "the step's peak is above the device's memory limit",
     "prediction-off": "the predicted peak is off XLA's figure by more than 10%",
