@@ -59,6 +59,71 @@ def test_identical_layers_share_one_body_without_changing_the_report(
       r.module_path for r in shared.activations}
 
 
+# ---------------------------------------------------------------- shared steps
+# Policies that lower differently but decide alike on a program share one
+# traced step; its figures must be each policy's own.
+
+def _alike_policies():
+  # An exact name is kept as written, so "ffn.up" alone and with a name the
+  # model lacks lower to different JAX policies that save the same values.
+  return (rt.Policy(name="up", save=("ffn.up",)),
+          rt.Policy(name="up-and-absent", save=("ffn.up", "not.in.model")),
+          rt.Policy(name="down", save=("ffn.down",)))
+
+
+def test_policies_that_decide_alike_share_one_step():
+  up, absent, down = _alike_policies()
+  with remat3(False):  # remat3 reads policies by type: nothing is shared
+    program = trace.TracedProgram(loss, (W, X))
+    assert program.lowered(up) != program.lowered(absent)
+    assert program.step(absent) is program.step(up)
+    assert program.step(down) is not program.step(up)
+    shared = {p.name: report.build_report(program, p).to_dict()
+              for p in (up, absent, down)}
+    alone = {p.name: report.build_report(trace.TracedProgram(loss, (W, X)),
+                                         p).to_dict()
+             for p in (up, absent, down)}
+  assert shared == alone
+  assert shared["up"]["activation_bytes"] > 0
+
+
+def test_a_raw_jax_policy_shares_no_step():
+  """A raw JAX policy is the user's code: it is called only as JAX calls
+  it, never asked again to compare it with another."""
+  calls = collections.Counter()
+
+  def counting(prim, *args, **params):
+    calls["asked"] += 1
+    return jax.checkpoint_policies.save_only_these_names("ffn.up")(
+        prim, *args, **params)
+
+  up = _alike_policies()[0]
+  with remat3(False):
+    program = trace.TracedProgram(loss, (W, X))
+    program.step(up)
+    raw = rt.Policy(name="raw", jax_policy=counting)
+    step = program.step(raw)
+    asked = calls["asked"]
+    assert step is not program.step(up) and asked > 0
+    program.step(rt.Policy(name="after", save=("ffn.up", "absent.name")))
+    assert calls["asked"] == asked
+
+
+def test_walks_of_shared_bodies_find_what_every_walk_finds():
+  """parameter_vars and argument_positions skip a walk of a shared body
+  that cannot add anything: the result is the walk-every-time one."""
+  fn, args = models.build_loss(models.get_config("tiny", num_layers=3),
+                               scan=False)
+  with remat3(False):
+    program = trace.TracedProgram(fn, args)
+    step = program.step(rt.get_policy("save-attention")).jaxpr.jaxpr
+  with mock.patch.object(_jaxpr._Revisits, "unchanged", lambda self, j: False):
+    every_params = _jaxpr.parameter_vars(step)
+    every_args = _jaxpr.argument_positions(step)
+  assert _jaxpr.parameter_vars(step) == every_params
+  assert _jaxpr.argument_positions(step) == every_args
+
+
 # ---------------------------------------------------------------- the report builder
 # The traced program measures; the report builder diagnoses, once per program
 # and once per policy. Diagnosing twice and dropping the repeats gives the

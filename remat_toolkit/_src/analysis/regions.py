@@ -209,8 +209,12 @@ def _common_scopes(body: Jaxpr) -> tuple[Any, ...]:
   root, so it does not shorten the prefix.
   """
   stacks = [compat.leading_scopes(e) for e in body.eqns]
-  deep = [s for s in stacks
-          if not any(len(o) > len(s) and o[:len(s)] == s for o in stacks)]
+  try:  # a stack is deep unless it is a strict prefix of another
+    above = {o[:k] for o in set(stacks) for k in range(len(o))}
+    deep = [s for s in stacks if s not in above]
+  except TypeError:  # an unhashable name-stack item: compare pairwise
+    deep = [s for s in stacks
+            if not any(len(o) > len(s) and o[:len(s)] == s for o in stacks)]
   prefix = _shared_prefix(deep)
   for s in stacks:
     if prefix[:len(s)] != s:

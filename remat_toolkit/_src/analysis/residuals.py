@@ -95,7 +95,7 @@ def trace_training_step(jaxpr: Jaxpr, consts: list[Any], leaves: list[Any],
   num_res = len(closed.jaxpr.outvars) - 1
   linear = getattr(captured[0], "jaxpr", None)
   if (linear is not None and not remat3 and not kernels
-      and not any(map(compat.has_python_transpose, _jaxpr.walk(linear)))):
+      and not _jaxpr.any_eqn(linear, compat.has_python_transpose)):
     return TracedStep(closed, num_res, _flops.count_matmul_flops(linear))
   live = _traced_step(traced_loss, leaves)
   return TracedStep(closed, num_res,
@@ -180,6 +180,9 @@ class _OriginTracer:
   def __init__(self, parameters: set[Any] | None = None):
     self._producers: dict[int, dict[Any, JaxprEqn]] = {}
     self._parameters = parameters or set()
+    # Per equation (kept, so that its id is not reused), its call body: the
+    # residuals of one layer all leave by the layer's call.
+    self._bodies: dict[int, tuple[JaxprEqn, Jaxpr | None]] = {}
 
   def producer(self, jaxpr: Jaxpr, var: Any) -> JaxprEqn | None:
     if id(jaxpr) not in self._producers:
@@ -220,7 +223,7 @@ class _OriginTracer:
       inner = eqn.invars[index if prim == "device_put" else 0]
       if _jaxpr.is_jaxpr_var(inner):
         return self.origin(inner, jaxpr, prefix, stacked, host, kernel)
-    body = compat.call_body(eqn)
+    body = self._call_body(eqn)
     if prim == "scan":  # the forward program: never a linearized node
       body = _jaxpr.sub_jaxprs(eqn)[0]
       if index >= compat.scan_num_carry(eqn):  # stacked: one value per step
@@ -237,6 +240,13 @@ class _OriginTracer:
     return dict(name=None, primitive=prim, module_path=path,
                 source=_sources.source_of(eqn), stacked=stacked, host=host,
                 kernel=kernel, activation_matmul=self._multiplies_activations(eqn))
+
+  def _call_body(self, eqn: JaxprEqn) -> Jaxpr | None:
+    """:func:`compat.call_body`, read once per equation."""
+    hit = self._bodies.get(id(eqn))
+    if hit is None or hit[0] is not eqn:
+      hit = self._bodies[id(eqn)] = (eqn, compat.call_body(eqn))
+    return hit[1]
 
   def _named_producer(self, eqn: JaxprEqn, jaxpr: Jaxpr) -> JaxprEqn | None:
     """The equation that made the value a checkpoint name was put on."""

@@ -162,8 +162,15 @@ class TracedProgram:
     self._kinds: list[tuple[str, ...]] | None = None
     self._arguments: dict[tuple[int, str], Residual] = {}
     self._steps: dict[Any, _residuals.TracedStep] = {}
-    # Residual origins per lowering: policies that lower alike (names the
-    # model lacks) share one walk of the step.
+    # Per lowering, the lowering whose step it shares (:meth:`_step_key`),
+    # and what each traced lowering's JAX policies were asked.
+    self._same_step: dict[Any, Any] = {}
+    self._asked: dict[Any, _Asked] = {}
+    # Per policy (by identity, the policy kept): its lowering and the inputs
+    # its regions name (:meth:`_lowering`).
+    self._lowerings: dict[int, tuple[Policy, Any]] = {}
+    # Residual origins per traced step: policies that share a step (names
+    # the model lacks, :meth:`_step_key`) share one walk of it.
     self._origins_of: dict[Any, list[_residuals.ResidualOrigin]] = {}
     self._baseline_step: _residuals.TracedStep | None = None
     self.kernel_sites = _flops.kernel_work(closed.jaxpr)
@@ -277,28 +284,41 @@ class TracedProgram:
 
   def lowered(self, policy: Policy) -> tuple[Any, ...]:
     """The JAX policy each region key gets under ``policy``, in key order."""
+    return self._lowering(policy)[0]
+
+  def _lowering(self, policy: Policy
+                ) -> tuple[tuple[Any, ...], tuple[tuple[bool, ...] | None, ...]]:
+    """:meth:`lowered`, and the inputs each region key names under
+    ``policy`` when its policy moves them (:mod:`~remat_toolkit._src.
+    policies.region_inputs`), in key order; made once per policy (a
+    comparison reads them several times per policy, and a model of many
+    layers has as many keys)."""
+    memo = self._lowerings.get(id(policy))
+    if memo is not None and memo[0] is policy:  # a Policy never changes
+      return memo[1]
     # Lowering expands name patterns: once per distinct (policy, names), not
     # once per layer.
     done: dict[tuple[int, frozenset[str]], Any] = {}
+    selects: dict[int, bool] = {}  # per region policy, not per layer
     out = []
+    masks = []
     for key, names in self._region_names.items():
       chosen = policy.for_region(key)
-      if self._named_inputs(chosen, key):
+      if id(chosen) not in selects:
+        selects[id(chosen)] = region_inputs.selects_inputs(chosen)
+      mask = self._markers.inputs_of(key)
+      if mask is None or not any(mask) or not selects[id(chosen)]:
+        mask = None
+      masks.append(mask)
+      if mask:
         names = names | {region_inputs.INPUT_NAME}
-      memo = (id(chosen), names)
-      if memo not in done:
-        done[memo] = policy.to_jax(names, region=key)
-      out.append(done[memo])
-    return tuple(out)
-
-  def _named_inputs(self, policy: Policy | None, key: str
-                    ) -> tuple[bool, ...] | None:
-    """The inputs regions of ``key`` name under ``policy``, if it moves them
-    (:mod:`~remat_toolkit._src.policies.region_inputs`)."""
-    mask = self._markers.inputs_of(key)
-    if mask is None or not any(mask) or not region_inputs.selects_inputs(policy):
-      return None
-    return mask
+      memo_key = (id(chosen), names)
+      if memo_key not in done:
+        done[memo_key] = policy.to_jax(names, region=key)
+      out.append(done[memo_key])
+    result = (tuple(out), tuple(masks))
+    self._lowerings[id(policy)] = (policy, result)
+    return result
 
   @property
   def paths(self) -> list[str]:
@@ -319,13 +339,19 @@ class TracedProgram:
     ``self.jaxpr.consts``) with every ambient region under ``policy``."""
     return self._substituted(policy)
 
-  def _substituted(self, policy: Policy):
-    mapping = dict(zip(self._region_names, self.lowered(policy), strict=True))
+  def _substituted(self, policy: Policy,
+                   jax_policies: Sequence[Any] | None = None):
+    """The program under ``policy``; with ``jax_policies``, those stand in
+    for :meth:`lowered`'s (one per key: :class:`_AskedPolicy`)."""
+    lowered, masks = self._lowering(policy)
+    keys = tuple(self._region_names)
+    mapping = dict(zip(keys, lowered if jax_policies is None else jax_policies,
+                       strict=True))
+    mask_of = dict(zip(keys, masks, strict=True))
     named: dict[tuple[int, tuple[bool, ...]], Any] = {}  # shared bodies stay so
 
     def body_for(marker, body):
-      mask = self._named_inputs(policy.for_region(self._markers.key_of(marker)),
-                                self._markers.key_of(marker))
+      mask = mask_of[self._markers.key_of(marker)]
       if mask is None:
         return body
       if (id(body), mask) not in named:
@@ -337,27 +363,70 @@ class TracedProgram:
         lambda marker, _: mapping[self._markers.key_of(marker)], body_for)
 
   def step(self, policy: Policy) -> _residuals.TracedStep:
-    """The traced training step under ``policy`` (cached per lowering)."""
+    """The traced training step under ``policy`` (cached per lowering, and
+    shared by lowerings that decide alike on this program:
+    :meth:`_step_key`)."""
+    return self._steps[self._step_key(policy)]
+
+  def _step_key(self, policy: Policy) -> Any:
+    """The lowering whose traced step ``policy``'s is: its own, or an
+    earlier one's that its JAX policies answer alike.
+
+    JAX's partial evaluation (remat2) reads a region's policy only by
+    calling it on an equation; the trace is otherwise the same for the same
+    program. A step is traced with each JAX policy behind an
+    :class:`_AskedPolicy` that records what it was asked; a lowering whose
+    policies give the same answers to every one of those questions, on the
+    same program (the same inputs named) and shared by the same region keys,
+    would make the same trace, question by question: its step, residuals and
+    FLOPs are that one's (on GPT-2, 3 of the catalogue's 25 policies decide
+    as another does: save-attention as maxtext-save-dot-with-context, for
+    one). Only lowerings of the toolkit's own policies are compared: a raw
+    JAX policy is the user's code, called as JAX calls it.
+    """
     key = self.lowered(policy)
-    if key not in self._steps:
-      jaxpr = self._substituted(policy)
-      try:
-        with _sharding.tracing(self._layout):
-          self._steps[key] = _residuals.trace_training_step(
-              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
-              kernels=bool(self.kernel_sites))
-      except NotImplementedError as e:
-        # JAX's remat refuses some effects (io_callback) inside a region.
-        sites = _regions.effects_in_remat_regions(self.jaxpr.jaxpr)
-        if not sites:
-          raise
-        where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
-                          for s in sites)
-        raise ValueError(
-            f"fn cannot be differentiated: JAX refuses effects inside a remat "
-            f"region ({e}); found {where}. Move the callback out of the remat "
-            "region, or make it a jax.debug.callback.") from None
-    return self._steps[key]
+    if key in self._same_step:
+      return self._same_step[key]
+    masks = self._lowering(policy)[1]
+    shared = _sharing(key)
+    if self._ours(policy):
+      for other, asked in self._asked.items():
+        if asked.alike(key, masks, shared):
+          self._same_step[key] = other
+          return other
+    # remat3 reads a policy's type, not only its answers, and a raw JAX
+    # policy of the user's may answer by more than the question (or count
+    # the calls): those are traced as they are, and share no step.
+    record = not compat.remat3_enabled() and self._ours(policy)
+    asking = _Asked.of(key, masks, shared) if record else None
+    jaxpr = self._substituted(
+        policy, None if asking is None else asking.policies)
+    try:
+      with _sharding.tracing(self._layout):
+        self._steps[key] = _residuals.trace_training_step(
+            jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
+            kernels=bool(self.kernel_sites))
+    except NotImplementedError as e:
+      # JAX's remat refuses some effects (io_callback) inside a region.
+      sites = _regions.effects_in_remat_regions(self.jaxpr.jaxpr)
+      if not sites:
+        raise
+      where = ", ".join(f"{s.primitive} at {s.source or s.module_path or '?'}"
+                        for s in sites)
+      raise ValueError(
+          f"fn cannot be differentiated: JAX refuses effects inside a remat "
+          f"region ({e}); found {where}. Move the callback out of the remat "
+          "region, or make it a jax.debug.callback.") from None
+    if asking is not None:
+      self._asked[key] = asking
+    self._same_step[key] = key
+    return key
+
+  def _ours(self, policy: Policy) -> bool:
+    """Whether every region key lowers ``policy`` to one of JAX's own
+    policy constructors (no raw JAX policy given by the user)."""
+    return not any(chosen is not None and chosen.is_jax_policy
+                   for chosen in map(policy.for_region, self._region_names))
 
   @property
   def baseline_step_flops(self) -> int:
@@ -407,9 +476,9 @@ class TracedProgram:
     return [self._residual(o) for o in self._origins(policy)]
 
   def _origins(self, policy: Policy) -> list[_residuals.ResidualOrigin]:
-    key = self.lowered(policy)
+    key = self._step_key(policy)
     if key not in self._origins_of:
-      step = self.step(policy)
+      step = self._steps[key]
       self._origins_of[key] = _residuals.residual_origins(
           step.jaxpr, 1, step.num_residuals)
     return self._origins_of[key]
@@ -628,6 +697,75 @@ def _path_from_label(label: str) -> str:
   keys = [k.strip("'\"") for k in label.replace("]", "").split("[") if k]
   keys = [k for k in keys[1:] if k not in ("params", "'params'")]
   return "/".join(keys[:-1])
+
+
+# ------------------------------------------- lowerings that decide alike
+
+
+def _sharing(lowered: Sequence[Any]) -> tuple[int, ...]:
+  """Per region key, the first key given the same JAX policy object."""
+  first: dict[int, int] = {}
+  return tuple(first.setdefault(id(p), i) for i, p in enumerate(lowered))
+
+
+class _AskedPolicy:
+  """A JAX policy that records every question JAX asks it, and its answer."""
+
+  def __init__(self, policy: Any):
+    self.policy = policy
+    self.asked: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
+
+  def __call__(self, *args: Any, **params: Any) -> Any:
+    answer = self.policy(*args, **params)
+    self.asked.append((args, params, answer))
+    return answer
+
+
+def _same_answer(a: Any, b: Any) -> bool:
+  try:
+    return type(a) is type(b) and bool(a == b)
+  except Exception:  # noqa: BLE001 - an answer that cannot be compared
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+  """A traced lowering's JAX policies, each behind an :class:`_AskedPolicy`
+  (one per distinct policy object, shared as the lowering shares it), with
+  the inputs its regions name."""
+
+  policies: tuple[Any, ...]
+  masks: tuple[tuple[bool, ...] | None, ...]
+  shared: tuple[int, ...]
+
+  @classmethod
+  def of(cls, lowered: Sequence[Any], masks: tuple[tuple[bool, ...] | None, ...],
+         shared: tuple[int, ...]) -> _Asked:
+    asking: dict[int, _AskedPolicy] = {}
+    policies = tuple(asking.setdefault(id(p), _AskedPolicy(p)) for p in lowered)
+    return cls(policies, masks, shared)
+
+  def alike(self, lowered: Sequence[Any],
+            masks: tuple[tuple[bool, ...] | None, ...],
+            shared: tuple[int, ...]) -> bool:
+    """Whether ``lowered`` answers every question this lowering's policies
+    were asked as they did, on the same program, shared alike."""
+    if masks != self.masks or shared != self.shared:
+      return False
+    for i, first in enumerate(self.shared):
+      if first != i:  # the same objects on both sides: checked at ``first``
+        continue
+      asked, policy = self.policies[i], lowered[i]
+      if policy is asked.policy:
+        continue
+      for args, params, answer in asked.asked:
+        try:
+          again = policy(*args, **params)
+        except Exception:  # noqa: BLE001 - it would not trace alike
+          return False
+        if not _same_answer(answer, again):
+          return False
+    return True
 
 
 # ---------------------------------------------- regions with their own policy

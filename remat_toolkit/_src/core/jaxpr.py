@@ -98,6 +98,24 @@ def walk(jaxpr: Jaxpr, descend: Callable[[JaxprEqn], bool] | None = None
         yield from walk(sub, descend)
 
 
+def any_eqn(jaxpr: Jaxpr, pred: Callable[[JaxprEqn], bool]) -> bool:
+  """``any(map(pred, walk(jaxpr)))`` for a ``pred`` that reads only the
+  equation, with a body shared by many equations (the layers of a model)
+  read once."""
+  seen: dict[int, tuple[Jaxpr, bool]] = {}
+
+  def visit(j: Jaxpr) -> bool:
+    hit = seen.get(id(j))
+    if hit is not None and hit[0] is j:
+      return hit[1]
+    found = any(pred(e) or any(visit(s) for s in sub_jaxprs(e))
+                for e in j.eqns)
+    seen[id(j)] = (j, found)  # the jaxpr kept: its id is not reused
+    return found
+
+  return visit(jaxpr)
+
+
 @dataclasses.dataclass(frozen=True)
 class Inline:
   """What a :func:`rewrite` callback returns to replace one equation by many.
@@ -197,6 +215,7 @@ def argument_positions(jaxpr: Jaxpr) -> dict[Any, int]:
   """
   found: dict[Any, int] = {v: i for i, v in enumerate(jaxpr.invars)}
   found.update((v, -1) for v in jaxpr.constvars)
+  again = _Revisits(found)
 
   def visit(j: Jaxpr) -> None:
     for eqn in j.eqns:
@@ -204,10 +223,59 @@ def argument_positions(jaxpr: Jaxpr) -> dict[Any, int]:
           eqn, [found.get(a) if is_jaxpr_var(a) else None for a in eqn.invars]):
         found.setdefault(v, position)
       for sub in sub_jaxprs(eqn):
-        visit(sub)
+        if not again.unchanged(sub):
+          visit(sub)
 
   visit(jaxpr)
   return found
+
+
+class _Revisits:
+  """Which walks of a shared body a propagation over ``found`` may skip.
+
+  :func:`argument_positions` and :func:`parameter_vars` walk a body once
+  per equation that runs it (a body JAX shares between the layers of an
+  unrolled model is walked once per layer). A walk reads and adds only
+  entries for the variables of the body and of the bodies in it, entries
+  are only ever added, and what it adds depends on nothing else: a walk
+  that starts where the body's previous walk started (as many of those
+  variables found) adds what that one added, which was nothing, since
+  what was found since includes it. Such a walk is skipped; every other
+  walk is made, so the result is the walk-every-time result exactly.
+  """
+
+  def __init__(self, found: Any):
+    self._found = found  # a set or dict of variables
+    self._seen: dict[int, tuple[Any, tuple[Any, ...] | None, int]] = {}
+
+  def unchanged(self, body: Jaxpr) -> bool:
+    """Whether walking ``body`` now would add nothing (see the class);
+    when not, notes where this walk starts."""
+    entry = self._seen.get(id(body))
+    if entry is None or entry[0] is not body:
+      self._seen[id(body)] = (body, None, -1)  # the first walk: not counted
+      return False
+    variables = entry[1]
+    if variables is None:
+      variables = tuple(_variables(body))
+    count = sum(map(self._found.__contains__, variables))
+    if count == entry[2]:
+      return True
+    self._seen[id(body)] = (body, variables, count)
+    return False
+
+
+def _variables(jaxpr: Jaxpr) -> Iterator[Any]:
+  """Every variable of ``jaxpr`` and of the jaxprs nested in it."""
+  yield from jaxpr.constvars
+  yield from jaxpr.invars
+  for eqn in jaxpr.eqns:
+    yield from (v for v in eqn.outvars if is_jaxpr_var(v))
+    body = compat.call_body(eqn)
+    subs = sub_jaxprs(eqn)
+    for sub in subs if body is None or any(s is body for s in subs) else [
+        *subs, body]:
+      yield from _variables(sub)
 
 
 def _into_bodies(eqn: JaxprEqn, passed: list[Any]) -> list[tuple[Any, Any]]:
@@ -352,14 +420,17 @@ def parameter_vars(jaxpr: Jaxpr) -> set[Any]:
       if body is not None:
         found.update(v for v, a in zip(body.invars, eqn.invars, strict=True)
                      if held(a))
-        visit(body)
+        if not again.unchanged(body):
+          visit(body)
         found.update(o for v, o in zip(body.outvars, eqn.outvars, strict=True)
                      if held(v) and is_jaxpr_var(o))
         continue
       _pass_into_bodies(eqn, [held(a) for a in eqn.invars], found)
       for sub in sub_jaxprs(eqn):
-        visit(sub)
+        if not again.unchanged(sub):
+          visit(sub)
 
+  again = _Revisits(found)
   visit(jaxpr)
   return found
 
