@@ -1,10 +1,10 @@
 """How long comparing every policy takes, against JAX's own saved_residuals.
 
 The target: `rt.compare` over every built-in policy on the gpt2-xl shape
-(48 layers, abstract inputs) takes at most 2x what JAX's own
+(48 layers, abstract inputs) takes at most 1.5x what JAX's own
 `saved_residuals` (private: `jax._src.ad_checkpoint`, the data source of
 `jax.ad_checkpoint.print_saved_residuals`) takes for ONE policy on the same
-function.
+function with layers unrolled, and at most 3x under `scan`.
 
 Each measurement runs in a fresh process so that no trace cache is shared
 between the two sides; each side is measured `--repeats` times and the
@@ -25,6 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import describe_machine  # noqa: E402
+
+#: The most rt.compare of every policy may take, in JAX's time for one.
+TARGETS = {"unrolled": 1.5, "scan": 3.0}
 
 _CHILD = r"""
 import json, sys, time
@@ -74,10 +77,13 @@ def main() -> None:
                  "compare_all_s": rt_s, "policies": runs[0]["policies"],
                  "ratio": rt_s / jax_s})
   print(f"{'layout':9} {'saved_residuals, 1 policy':>26} "
-        f"{'rt.compare, all policies':>25} {'ratio':>6}  target <= 2.0")
+        f"{'rt.compare, all policies':>25} {'ratio':>6}  target")
   for r in rows:
+    target = TARGETS[r["layout"]]
+    verdict = "met" if r["ratio"] <= target else "not met"
     print(f"{r['layout']:9} {r['jax_one_policy_s']:25.2f}s "
-          f"{r['compare_all_s']:17.2f}s ({r['policies']:2d}) {r['ratio']:6.2f}")
+          f"{r['compare_all_s']:17.2f}s ({r['policies']:2d}) {r['ratio']:6.2f}"
+          f"  <= {target:.1f}: {verdict}")
   if args.json:
     Path(args.json).write_text(json.dumps(rows, indent=2))
 

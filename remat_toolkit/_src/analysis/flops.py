@@ -29,6 +29,7 @@ from remat_toolkit._src.core.jaxpr import walk
 __all__ = [
     "count_matmul_flops", "pallas_flops", "MatmulCounts", "count_region_matmuls",
     "mark_kernels", "KernelWork", "kernel_work", "KernelForward", "custom_vjp_forwards",
+    "extra_runs",
 ]
 
 
@@ -269,3 +270,16 @@ def custom_vjp_forwards(jaxpr: Jaxpr, in_region: Callable[[JaxprEqn], bool]
 
   visit(jaxpr, [], False)
   return list(found.values())
+
+
+def extra_runs(extra_flops: int, extra_launches: int,
+                once: KernelWork | None) -> float:
+  """How many more times a kernel runs, from its extra work and the work of
+  its calls in the primal program (``once``): its Pallas launches where it
+  has some, else its FLOPs."""
+  calls = max(once.calls, 1) if once is not None else 1
+  if extra_launches > 0 and once is not None and once.launches:
+    return round(extra_launches * calls / once.launches, 2)
+  if once is not None and once.flops:
+    return round(extra_flops * calls / once.flops, 2)
+  return float(max(extra_launches, 1))

@@ -29,12 +29,13 @@ from remat_toolkit._src.core.jaxpr import names_in
 from remat_toolkit._src.core.jaxpr import rewrite
 from remat_toolkit._src.core.jaxpr import sub_jaxprs
 from remat_toolkit._src.core.jaxpr import walk
+from remat_toolkit._src.policies import catalog
 
 __all__ = [
     "count_remat_regions", "count_shadowed_regions", "region_signature",
     "substitute_policy", "set_every_region_policy", "inline_regions", "strip_remat",
     "share_identical_regions", "eval_with_jitted_regions", "CALLBACK_PRIMITIVES",
-    "EffectSite", "effects_in_remat_regions",
+    "EffectSite", "effects_in_remat_regions", "own_policy_regions",
 ]
 
 
@@ -319,4 +320,38 @@ def effects_in_remat_regions(jaxpr: Jaxpr) -> list[EffectSite]:
             eqn.primitive.name,
             tuple(sorted(type(e).__name__ for e in eqn.effects)),
             module_path(eqn), source_of(eqn)))
+  return found
+
+
+def _policy_label(jax_policy: Any, names: frozenset[str]) -> str:
+  """A catalogue name for a region's own JAX policy, else the JAX policy."""
+  # remat3 stores nothing_saveable as None; so does jax.checkpoint's default.
+  target = (jax.checkpoint_policies.nothing_saveable if jax_policy is None
+            else jax_policy)
+  for name in catalog.list_policies():
+    candidate = catalog.get_policy(name)
+    try:
+      lowered = candidate.to_jax(names)
+      same = lowered is target or bool(lowered == target)
+    except (TypeError, ValueError):  # e.g. an offloading policy under remat3
+      continue
+    if same:
+      return repr(candidate.name)
+  qualname = getattr(target, "__qualname__", None) or type(target).__name__
+  return f"the JAX policy {qualname.split('.')[0]}"
+
+
+def own_policy_regions(jaxpr: Jaxpr, markers: Any,
+                       clean: Callable[[str], str]) -> list[tuple[str, str]]:
+  """Where the program's regions keep a policy of their own (not a toolkit
+  marker), each with a name for it: a catalogue policy's when one lowers to
+  it, else the JAX policy's. ``clean`` turns a module path into the one
+  results show."""
+  found = []
+  for eqn in walk(jaxpr):
+    if not compat.is_remat(eqn) or compat.remat_policy_of(eqn) in markers:
+      continue
+    where = clean(module_path(eqn)) or source_of(eqn) or "the top level"
+    names = names_in(compat.remat_body_of(eqn))
+    found.append((where, _policy_label(compat.remat_policy_of(eqn), names)))
   return found

@@ -40,10 +40,10 @@ from remat_toolkit._src.analysis import flops as _flops
 from remat_toolkit._src.analysis import regions as _regions
 from remat_toolkit._src.analysis import residuals as _residuals
 from remat_toolkit._src.analysis import sharding as _sharding
-from remat_toolkit._src.analysis import sources as _sources
+from remat_toolkit._src.analysis.shared_steps import Asked
+from remat_toolkit._src.analysis.shared_steps import sharing
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
-from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import lowering
 from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies.policy import Policy
@@ -165,7 +165,7 @@ class TracedProgram:
     # Per lowering, the lowering whose step it shares (:meth:`_step_key`),
     # and what each traced lowering's JAX policies were asked.
     self._same_step: dict[Any, Any] = {}
-    self._asked: dict[Any, _Asked] = {}
+    self._asked: dict[Any, Asked] = {}
     # Per policy (by identity, the policy kept): its lowering and the inputs
     # its regions name (:meth:`_lowering`).
     self._lowerings: dict[int, tuple[Policy, Any]] = {}
@@ -278,8 +278,10 @@ class TracedProgram:
   def own_policy_regions(self) -> list[tuple[str, str]]:
     """``(where, policy)`` of each remat region that has its own policy."""
     if self._own_regions is None:
-      self._own_regions = _own_policy_regions(self.jaxpr.jaxpr, self._markers,
-                                              self._root)
+      root = self._root
+      self._own_regions = _regions.own_policy_regions(
+          self.jaxpr.jaxpr, self._markers,
+          lambda path: _strip_root(path, root) if root else path)
     return self._own_regions
 
   def lowered(self, policy: Policy) -> tuple[Any, ...]:
@@ -342,7 +344,7 @@ class TracedProgram:
   def _substituted(self, policy: Policy,
                    jax_policies: Sequence[Any] | None = None):
     """The program under ``policy``; with ``jax_policies``, those stand in
-    for :meth:`lowered`'s (one per key: :class:`_AskedPolicy`)."""
+    for :meth:`lowered`'s (one per key, each an ``AskedPolicy``)."""
     lowered, masks = self._lowering(policy)
     keys = tuple(self._region_names)
     mapping = dict(zip(keys, lowered if jax_policies is None else jax_policies,
@@ -375,7 +377,8 @@ class TracedProgram:
     JAX's partial evaluation (remat2) reads a region's policy only by
     calling it on an equation; the trace is otherwise the same for the same
     program. A step is traced with each JAX policy behind an
-    :class:`_AskedPolicy` that records what it was asked; a lowering whose
+    ``AskedPolicy`` (:mod:`~remat_toolkit._src.analysis.shared_steps`)
+    that records what it was asked; a lowering whose
     policies give the same answers to every one of those questions, on the
     same program (the same inputs named) and shared by the same region keys,
     would make the same trace, question by question: its step, residuals and
@@ -388,7 +391,7 @@ class TracedProgram:
     if key in self._same_step:
       return self._same_step[key]
     masks = self._lowering(policy)[1]
-    shared = _sharing(key)
+    shared = sharing(key)
     if self._ours(policy):
       for other, asked in self._asked.items():
         if asked.alike(key, masks, shared):
@@ -398,7 +401,7 @@ class TracedProgram:
     # policy of the user's may answer by more than the question (or count
     # the calls): those are traced as they are, and share no step.
     record = not compat.remat3_enabled() and self._ours(policy)
-    asking = _Asked.of(key, masks, shared) if record else None
+    asking = Asked.of(key, masks, shared) if record else None
     jaxpr = self._substituted(
         policy, None if asking is None else asking.policies)
     try:
@@ -466,7 +469,7 @@ class TracedProgram:
       extra = done.flops - without.flops
       launches = done.launches - without.launches
       if extra > 0 or launches > 0:
-        runs = _extra_runs(extra, launches, per_run.get(site))
+        runs = _flops.extra_runs(extra, launches, per_run.get(site))
         found.append(RecomputedKernel(site[0], site[1], max(extra, 0), runs))
     return tuple(found)
 
@@ -626,19 +629,6 @@ def _root_scope(jaxpr) -> str:
   return firsts.pop() if len(firsts) == 1 else ""
 
 
-def _extra_runs(extra_flops: int, extra_launches: int,
-                once: _flops.KernelWork | None) -> float:
-  """How many more times a kernel runs, from its extra work and the work of
-  its calls in the primal program (``once``): its Pallas launches where it
-  has some, else its FLOPs."""
-  calls = max(once.calls, 1) if once is not None else 1
-  if extra_launches > 0 and once is not None and once.launches:
-    return round(extra_launches * calls / once.launches, 2)
-  if once is not None and once.flops:
-    return round(extra_flops * calls / once.flops, 2)
-  return float(max(extra_launches, 1))
-
-
 def _kernel_work_by_site(work: Mapping[tuple[str, str], _flops.KernelWork],
                          root: str,
                          sites: Mapping[tuple[str, str], Any] | None = None
@@ -697,105 +687,3 @@ def _path_from_label(label: str) -> str:
   keys = [k.strip("'\"") for k in label.replace("]", "").split("[") if k]
   keys = [k for k in keys[1:] if k not in ("params", "'params'")]
   return "/".join(keys[:-1])
-
-
-# ------------------------------------------- lowerings that decide alike
-
-
-def _sharing(lowered: Sequence[Any]) -> tuple[int, ...]:
-  """Per region key, the first key given the same JAX policy object."""
-  first: dict[int, int] = {}
-  return tuple(first.setdefault(id(p), i) for i, p in enumerate(lowered))
-
-
-class _AskedPolicy:
-  """A JAX policy that records every question JAX asks it, and its answer."""
-
-  def __init__(self, policy: Any):
-    self.policy = policy
-    self.asked: list[tuple[tuple[Any, ...], dict[str, Any], Any]] = []
-
-  def __call__(self, *args: Any, **params: Any) -> Any:
-    answer = self.policy(*args, **params)
-    self.asked.append((args, params, answer))
-    return answer
-
-
-def _same_answer(a: Any, b: Any) -> bool:
-  try:
-    return type(a) is type(b) and bool(a == b)
-  except Exception:  # noqa: BLE001 - an answer that cannot be compared
-    return False
-
-
-@dataclasses.dataclass(frozen=True)
-class _Asked:
-  """A traced lowering's JAX policies, each behind an :class:`_AskedPolicy`
-  (one per distinct policy object, shared as the lowering shares it), with
-  the inputs its regions name."""
-
-  policies: tuple[Any, ...]
-  masks: tuple[tuple[bool, ...] | None, ...]
-  shared: tuple[int, ...]
-
-  @classmethod
-  def of(cls, lowered: Sequence[Any], masks: tuple[tuple[bool, ...] | None, ...],
-         shared: tuple[int, ...]) -> _Asked:
-    asking: dict[int, _AskedPolicy] = {}
-    policies = tuple(asking.setdefault(id(p), _AskedPolicy(p)) for p in lowered)
-    return cls(policies, masks, shared)
-
-  def alike(self, lowered: Sequence[Any],
-            masks: tuple[tuple[bool, ...] | None, ...],
-            shared: tuple[int, ...]) -> bool:
-    """Whether ``lowered`` answers every question this lowering's policies
-    were asked as they did, on the same program, shared alike."""
-    if masks != self.masks or shared != self.shared:
-      return False
-    for i, first in enumerate(self.shared):
-      if first != i:  # the same objects on both sides: checked at ``first``
-        continue
-      asked, policy = self.policies[i], lowered[i]
-      if policy is asked.policy:
-        continue
-      for args, params, answer in asked.asked:
-        try:
-          again = policy(*args, **params)
-        except Exception:  # noqa: BLE001 - it would not trace alike
-          return False
-        if not _same_answer(answer, again):
-          return False
-    return True
-
-
-# ---------------------------------------------- regions with their own policy
-
-def _policy_label(jax_policy: Any, names: frozenset[str]) -> str:
-  """A catalogue name for a region's own JAX policy, else the JAX policy."""
-  # remat3 stores nothing_saveable as None; so does jax.checkpoint's default.
-  target = (jax.checkpoint_policies.nothing_saveable if jax_policy is None
-            else jax_policy)
-  for name in catalog.list_policies():
-    candidate = catalog.get_policy(name)
-    try:
-      lowered = candidate.to_jax(names)
-      same = lowered is target or bool(lowered == target)
-    except (TypeError, ValueError):  # e.g. an offloading policy under remat3
-      continue
-    if same:
-      return repr(candidate.name)
-  qualname = getattr(target, "__qualname__", None) or type(target).__name__
-  return f"the JAX policy {qualname.split('.')[0]}"
-
-
-def _own_policy_regions(jaxpr, markers, root: str) -> list[tuple[str, str]]:
-  found = []
-  for eqn in _jaxpr.walk(jaxpr):
-    if not compat.is_remat(eqn) or compat.remat_policy_of(eqn) in markers:
-      continue
-    path = _jaxpr.module_path(eqn)
-    path = _strip_root(path, root) if root else path
-    where = path or _sources.source_of(eqn) or "the top level"
-    names = _jaxpr.names_in(compat.remat_body_of(eqn))
-    found.append((where, _policy_label(compat.remat_policy_of(eqn), names)))
-  return found
