@@ -94,6 +94,17 @@ def test_a_recomputation_xla_merged_into_the_forward_pass_is_said(policy,
                                     if w.kind == "xla-merged-recompute")
 
 
+def test_a_backend_without_memory_analysis_gets_a_clear_error(monkeypatch):
+  """compile=True on a backend whose compiled programs report no memory
+  analysis: a ValueError naming the backend and the fix, from rt.peak and
+  rt.analyze alike, not an AttributeError from inside."""
+  monkeypatch.setattr(jax.stages.Compiled, "memory_analysis", lambda self: None)
+  with pytest.raises(ValueError, match="does not provide; drop compile=True"):
+    rt.peak(loss, PARAMS, X, policy="boundary-only", compile=True)
+  with pytest.raises(ValueError, match="does not provide; drop compile=True"):
+    rt.analyze(loss, PARAMS, X, policy="boundary-only", compile=True)
+
+
 def test_state_held_for_the_whole_step_by_hand():
   p = rt.peak(loss, PARAMS, X, policy="save-ffn")
   phases = p.by_phase()

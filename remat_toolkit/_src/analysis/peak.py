@@ -291,6 +291,11 @@ def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
   lowered = jax.jit(step, donate_argnums=donate).lower(*args)
   compiled, scheduled = xla_buffers.compile_with_buffers(lowered)
   stats = compiled.memory_analysis()
+  if stats is None:
+    raise ValueError(
+        f"compile=True reads XLA's memory analysis, which the "
+        f"{jax.default_backend()!r} backend does not provide; drop "
+        "compile=True and use the prediction.")
   total = int(stats.argument_size_in_bytes + stats.output_size_in_bytes
               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
   buffers = list(scheduled.live)
