@@ -353,7 +353,7 @@ def _merged_recompute(program: TracedProgram, policy: Policy,
   if xla_flops is None:
     return []
   baseline = program.baseline_step_flops
-  recompute = program.forward_flops + program.step(policy).backward_flops - baseline
+  recompute = program.recompute_flops(policy)
   if (baseline <= 0 or recompute < MERGE_MIN_SHARE * baseline
       or xla_flops < (1 - MERGE_MIN_SHARE) * baseline
       or xla_flops >= baseline + recompute / 2):

@@ -168,12 +168,11 @@ def compose_report(program: TracedProgram, policy: Policy,
   found: ``program.measure(policy)``, ``program_findings(program)`` and
   ``policy_findings(program, policy, measured)``."""
   base = program.baseline_step_flops
-  total = program.forward_flops + measured.backward_flops
   return ResidualReport(
       policy=policy.name, residuals=measured.residuals,
       forward_flops=program.forward_flops,
       backward_flops=measured.backward_flops,
-      recompute_flops=max(total - base, 0), baseline_step_flops=base,
+      recompute_flops=program.recompute_flops(policy), baseline_step_flops=base,
       remat_regions=program.regions, xla=measured.xla,
       devices=program.layout.devices,
       per_device_activation_bytes=measured.per_device_activation_bytes,

@@ -436,6 +436,11 @@ class TracedProgram:
     """Forward + backward FLOPs of a step with the ambient regions removed."""
     return self.forward_flops + self.baseline_step.backward_flops
 
+  def recompute_flops(self, policy: Policy) -> int:
+    """FLOPs a step under ``policy`` runs beyond the step without remat."""
+    total = self.forward_flops + self.step(policy).backward_flops
+    return max(total - self.baseline_step_flops, 0)
+
   @property
   def baseline_step(self) -> _residuals.TracedStep:
     """The training step with the ambient regions removed (no remat)."""
