@@ -221,6 +221,30 @@ def test_peak_takes_one_policy_either_way_and_compare_adds_peaks():
       expected)
 
 
+def test_plan_bounds_the_peak_from_the_command_line():
+  """``plan --bounds peak [--optimizer]`` is rt.plan(bounds="peak"): the same
+  policy and predicted peak; the peak options alone are refused as the API
+  refuses them."""
+  loss_fn, loss_args = models.build_loss("tiny")
+  budget = rt.peak(loss_fn, *loss_args, policy="save-ffn",
+                   optimizer="adamw").bytes
+  expected = rt.plan(loss_fn, *loss_args, budget=budget, bounds="peak",
+                     optimizer="adamw")
+  status, out, err = run_cli("plan", "--model", "tiny", "--budget",
+                             str(budget), "--bounds", "peak", "--optimizer",
+                             "adamw", "--json")
+  assert status == 0, err
+  data = json.loads(out)
+  assert (data["bounds"], data["peak_bytes"]) == ("peak", expected.peak_bytes)
+  assert data["peak_bytes"] <= budget
+  assert data["recompute_flops"] == expected.recompute_flops
+  for extra in (["--compile"], ["--optimizer", "adamw"]):
+    status, out, err = run_cli("plan", "--model", "tiny", "--budget", "1MiB",
+                               *extra)
+    assert status == 2 and out == "" and err.count("\n") == 1, extra
+    assert "needs bounds='peak'" in err and "Traceback" not in err
+
+
 # ------------------------------------------------------------ --json
 
 # bench's --json (it runs steps: seconds) is tested in test_bench.py.

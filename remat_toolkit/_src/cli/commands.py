@@ -51,6 +51,9 @@ from remat_toolkit._src.policies import catalog
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.results.bench import BatchSearch
 from remat_toolkit._src.results.bench import BenchResult
+from remat_toolkit._src.results.planning import ESTIMATED_PEAK
+from remat_toolkit._src.results.planning import KEPT_ACTIVATIONS
+from remat_toolkit._src.results.planning import PEAK
 from remat_toolkit._src.transform.grouping import group_size
 
 __all__ = ["PARSER_BUILDERS"]
@@ -208,8 +211,24 @@ def _add_plan_parser(subparsers: Any) -> None:
               "fit a memory budget (every number measured on the model, "
               "abstract shapes, nothing allocated).")
   parser.add_argument("--budget", required=True, metavar="SIZE",
-                      help="device memory for the activations kept for the "
-                           "backward pass, e.g. 2GiB or 1500MB")
+                      help="device memory for what --bounds says (by default "
+                           "the activations kept for the backward pass), "
+                           "e.g. 2GiB or 1500MB")
+  parser.add_argument("--bounds", choices=sorted(_BOUNDS), default=None,
+                      help="what the budget bounds: kept-activations (the "
+                           "default), estimated-peak (kept activations plus "
+                           "one region's recompute workspace; the default with "
+                           "--group-sizes) or peak (the training step's "
+                           "predicted peak: parameters, gradients and "
+                           "everything live at its worst moment)")
+  parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default=None,
+                      help="with --bounds peak: bound the optax train step "
+                           "with this optimizer, its state included "
+                           "(default: jax.grad of the parameters)")
+  parser.add_argument("--compile", action="store_true",
+                      help="with --bounds peak: compile the chosen plan and "
+                           "go on to the next candidate while XLA's figure "
+                           "is over the budget")
   add_model_options(parser)
   parser.add_argument("--group-sizes", type=_group_sizes, metavar="G[,G...]",
                       help="also weigh these remat group sizes (blocks per "
@@ -263,10 +282,19 @@ def _plan_groups(args: argparse.Namespace) -> dict[str, Any]:
   return {"groups": layout, "group_sizes": sizes} if sizes else {}
 
 
+#: --bounds, as the command line spells plan()'s ``bounds``.
+_BOUNDS = {"kept-activations": KEPT_ACTIVATIONS,
+           "estimated-peak": ESTIMATED_PEAK, "peak": PEAK}
+
+
 def _plan_options(args: argparse.Namespace) -> dict[str, Any]:
   options: dict[str, Any] = dict(allow_offload=args.allow_offload,
                                  host_budget=args.host_budget,
-                                 per_layer=args.per_layer)
+                                 per_layer=args.per_layer,
+                                 compile=args.compile,
+                                 optimizer=args.optimizer)
+  if args.bounds is not None:
+    options["bounds"] = _BOUNDS[args.bounds]
   if args.host_bandwidth is not None:
     options["host_bandwidth"] = args.host_bandwidth
   if args.max_evaluations is not None:
