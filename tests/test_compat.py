@@ -294,6 +294,34 @@ def test_is_computed_tells_arguments_and_constants_from_computed_values():
   assert eager == [True]  # no program to be an input of: as before
 
 
+def test_a_nested_jit_argument_is_told_from_the_program_argument():
+  """What says a region's inputs arrive through a jit the program calls
+  (computed or given cannot be seen there): the parent of the jit's trace."""
+  seen = {}
+
+  @jax.jit
+  def inner(w, y):
+    seen["nested jit argument"] = compat.is_nested_jit_argument(y)
+    seen["computed in the nested jit"] = compat.is_nested_jit_argument(y * w)
+    return (y * w).sum()
+
+  def fn(w, x):
+    seen["program argument"] = compat.is_nested_jit_argument(w)
+    return inner(w, jnp.sin(x) * w)
+
+  jax.jit(jax.grad(fn))(jnp.ones(3), jnp.ones(3))
+  assert seen == {"program argument": False, "nested jit argument": True,
+                  "computed in the nested jit": False}
+  seen.clear()
+  # Differentiated, not traced (another shape: the jit traces again).
+  jax.grad(lambda w: inner(w, w))(jnp.ones(4))
+  assert seen["nested jit argument"] is False
+  # Traced, but before the program computed anything: its own arguments.
+  seen.clear()
+  jax.make_jaxpr(jax.jit(jax.grad(lambda w: inner(w, w))))(jnp.ones(5))
+  assert seen["nested jit argument"] is False
+
+
 def test_declared_jax_range_covers_this_release():
   import importlib.metadata
   import re as re_

@@ -120,6 +120,46 @@ def test_offload_boundaries_never_moves_arguments_or_constants():
     assert str(jax.make_jaxpr(step)(W, X)).count("device_put[") == 4
 
 
+_JITTED_REGION = jax.jit(_REGION)
+
+
+def _jitted_layers(w, x):
+  for _ in range(3):
+    x = _JITTED_REGION(w, jnp.sin(x))
+  return x.sum()
+
+
+def test_inputs_arriving_through_a_jit_stay_on_the_device_and_it_is_said():
+  """A region inside a jitted layer sees its inputs as the jit's arguments,
+  traced once for every caller: computed or given cannot be seen there. They
+  stay on the device (JAX moves nothing), and the trace and the report say
+  so, naming rt.repolicy; a jitted loss called outside any trace says
+  nothing."""
+  import warnings
+  with remat3(False):
+    # First (a trace-time finding is raised once): the jitted region called
+    # by a differentiated, untraced loss is given the step's own arguments,
+    # held anyway, and nothing is said (another shape: the jit traces anew).
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      jax.grad(_ours("offload-boundaries",
+                     lambda w, x: _JITTED_REGION(w, x).sum()))(W, X[:1])
+    with pytest.warns(UserWarning, match=r"inside a jax.jit the program "
+                      r"calls, and 2 of its input\(s\)") as caught:
+      host = _host(_ours("offload-boundaries", _jitted_layers), W, X)
+    assert host == []
+    assert [w.message.args[0].kind for w in caught
+            if "jax.jit" in str(w.message)] == ["inputs-unseen"]
+    report = rt.analyze(_jitted_layers, W, X, policy="offload-boundaries")
+    assert report.offloaded_bytes == 0
+    said = [w for w in report.warnings if w.kind == "inputs-unseen"]
+    assert len(said) == 1 and "rt.repolicy" in said[0]
+    # A policy that moves no input says nothing of them.
+    assert not [w for w in rt.analyze(_jitted_layers, W, X,
+                                      policy="save-matmuls").warnings
+                if w.kind == "inputs-unseen"]
+
+
 def test_a_region_fed_only_arguments_does_not_warn_it_matched_nothing():
   import warnings
   with remat3(False), warnings.catch_warnings():

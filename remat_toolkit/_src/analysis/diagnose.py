@@ -42,8 +42,8 @@ from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.results.analysis import kept_bytes
 
 __all__ = ["Regions", "region_warnings", "unmatched_names_warning",
-           "matmul_warning", "selection_warnings", "per_region_warnings",
-           "own_policy_text", "kernel_warnings", "kernel_rerun_warning",
+           "matmul_warning", "unseen_inputs_warning", "selection_warnings",
+           "per_region_warnings", "own_policy_text", "kernel_warnings", "kernel_rerun_warning",
            "custom_vjp_mode_warning", "activation_matmul_warning"]
 
 
@@ -76,6 +76,7 @@ class TracedProgram(Regions, Protocol):
   def ambient_matmuls(self) -> _flops.MatmulCounts: ...
   @property
   def ambient_custom_vjps(self) -> list[_flops.KernelForward]: ...
+  def unseen_inputs(self, key: str) -> int: ...
 
 
 
@@ -227,7 +228,32 @@ def selection_warnings(program: TracedProgram, policy: Any) -> list[Finding]:
   """Why ``policy`` keeps less than it promises here: names it asks for that
   the regions lack, matmuls of a kind its rule passes over."""
   return [w for w in (unmatched_names_warning(program, policy),
-                      matmul_warning(program, policy)) if w]
+                      matmul_warning(program, policy),
+                      unseen_inputs_warning(program, policy)) if w]
+
+
+def unseen_inputs_warning(program: TracedProgram, policy: Any
+                          ) -> Finding | None:
+  """Regions whose policy moves their inputs, but whose inputs arrive as
+  arguments of a ``jax.jit`` the program calls: whether they were computed
+  cannot be seen there, so they stay on the device
+  (:func:`~remat_toolkit._src.policies.region_inputs.unseen_inputs`)."""
+  if not isinstance(policy, Policy):
+    return None
+  keys = [k for k in program.region_keys if program.unseen_inputs(k)
+          and region_inputs.selects_inputs(policy.for_region(k))]
+  if not keys:
+    return None
+  count = sum(program.unseen_inputs(k) for k in keys)
+  return Finding(
+      f"policy {policy.name!r} moves region inputs, but {count} input(s) of "
+      f"{brief(keys, 4)} arrive as arguments of a jax.jit the program calls: "
+      "whether the program computed them (activations to move) or was given "
+      "them (parameters, held on the device anyway) cannot be seen from "
+      "inside the jit, so they stay on the device. Call the function without "
+      "jax.jit inside the traced program, or re-policy the whole program, "
+      "rt.repolicy(loss, policy), which sees through the jit.",
+      "inputs-unseen", policy.name)
 
 
 def per_region_warnings(program: TracedProgram, policy: Any) -> list[Finding]:

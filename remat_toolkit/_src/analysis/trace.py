@@ -212,6 +212,11 @@ class TracedProgram:
     ``scan``, a module called twice)."""
     return tuple(self._region_names)
 
+  def unseen_inputs(self, key: str) -> int:
+    """How many inputs of the regions of ``key`` arrive as arguments of a
+    ``jax.jit`` the program calls (which no policy moves to the host)."""
+    return self._markers.unseen_of(key)
+
   def region_names(self, key: str) -> frozenset[str]:
     """Checkpoint names inside the regions of key ``key``."""
     return self._region_names[key]

@@ -41,6 +41,7 @@ KINDS: dict[str, str] = {
     "no-region": "the function has no remat region at all",
     "own-policies": "no region, or only some, read the ambient policy",
     "shadowed": "regions sit inside the model's own remat regions",
+    "inputs-unseen": "a region's inputs arrive through a jit: not moved",
     "keeps-none": "a name policy keeps none of its names in this model",
     "keeps-only-inputs": "a matmul policy passes over every matmul",
     "drops-convolutions": "a matmul policy keeps dots but no convolution",

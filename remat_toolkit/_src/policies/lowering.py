@@ -65,6 +65,7 @@ class RegionMarkers:
     self._by_key: dict[str, Any] = {}
     self._keys: dict[int, str] = {}
     self._inputs: dict[str, tuple[bool, ...]] = {}
+    self._unseen: dict[str, int] = {}
 
   def marker(self, key: str) -> Any:
     """The marker of region ``key`` (made on first use)."""
@@ -90,6 +91,17 @@ class RegionMarkers:
   def inputs_of(self, key: str) -> tuple[bool, ...] | None:
     """What :meth:`note_inputs` recorded for ``key``, if anything."""
     return self._inputs.get(key)
+
+  def note_unseen(self, key: str, count: int) -> None:
+    """Records how many inputs of region ``key`` arrive as arguments of a
+    ``jax.jit`` the program calls (never moved: see
+    :func:`~remat_toolkit._src.policies.region_inputs.unseen_inputs`)."""
+    if count:
+      self._unseen[key] = count
+
+  def unseen_of(self, key: str) -> int:
+    """What :meth:`note_unseen` recorded for ``key`` (0 if nothing)."""
+    return self._unseen.get(key, 0)
 
 
 @dataclasses.dataclass(frozen=True)

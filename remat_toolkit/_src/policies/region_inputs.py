@@ -39,7 +39,7 @@ from remat_toolkit._src.core import compat
 from remat_toolkit._src.policies import tags
 from remat_toolkit._src.policies.policy import Policy
 
-__all__ = ["INPUT_NAME", "selects_inputs", "input_mask",
+__all__ = ["INPUT_NAME", "selects_inputs", "input_mask", "unseen_inputs",
            "name_inputs", "name_body_inputs"]
 
 #: The checkpoint name of every region input the toolkit names.
@@ -73,6 +73,16 @@ def input_mask(prefix: Any, dynamic: Any) -> tuple[bool, ...]:
   return (tuple(False for _ in jax.tree_util.tree_leaves(prefix))
           + tuple(_is_float_array(x) and compat.is_computed(x)
                   for x in jax.tree_util.tree_leaves(dynamic)))
+
+
+def unseen_inputs(dynamic: Any) -> int:
+  """How many floating-point arrays of ``dynamic`` arrive as arguments of a
+  ``jax.jit`` the traced program calls
+  (:func:`~remat_toolkit._src.core.compat.is_nested_jit_argument`): whether
+  they were computed cannot be seen, and :func:`input_mask` leaves them
+  unnamed (on the device)."""
+  return sum(_is_float_array(x) and compat.is_nested_jit_argument(x)
+             for x in jax.tree_util.tree_leaves(dynamic))
 
 
 def _is_float_array(x: Any) -> bool:

@@ -194,6 +194,35 @@ def _warn_if_enclosed(region: lowering.RegionPolicy, where: str) -> None:
       "the outer remat.", "shadowed", region.policy.name), stacklevel=5)
 
 
+def _warn_if_inputs_unseen(region: lowering.RegionPolicy, where: str,
+                           dynamic: Any) -> None:
+  """Says so, once, when a policy that moves region inputs meets inputs that
+  arrive as arguments of a ``jax.jit`` the program calls: whether the
+  program computed them cannot be seen from inside the jit (one trace
+  serves every caller), so they stay on the device, unmoved."""
+  if isinstance(region.substitute, lowering.RegionMarkers):
+    # The analyzer's trace: recorded, and said for the policies that move
+    # inputs (analysis.diagnose).
+    region.substitute.note_unseen(region.key,
+                                  region_inputs.unseen_inputs(dynamic))
+    return
+  policy = region.policy
+  if policy is None or not region_inputs.selects_inputs(policy):
+    return
+  unseen = region_inputs.unseen_inputs(dynamic)
+  if not unseen:
+    return
+  warn_at_trace(Finding(
+      f"remat region {where} is traced inside a jax.jit the program calls, "
+      f"and {unseen} of its input(s) arrive as that jit's arguments: whether "
+      "the program computed them (activations to move) or was given them "
+      "(parameters, held on the device anyway) cannot be seen from inside "
+      f"the jit, so policy {policy.name!r} leaves them on the device. "
+      "Call the function without jax.jit inside the traced program, or "
+      "re-policy the whole program, rt.repolicy(loss, policy), which sees "
+      "through the jit.", "inputs-unseen", policy.name), stacklevel=5)
+
+
 def _dynamic_part(mask: tuple[bool, ...], inputs: tuple) -> tuple[bool, ...]:
   """The entries of a region's input ``mask`` for its dynamic inputs (the
   prefix, never named, comes first)."""
@@ -249,6 +278,7 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
   inputs = (prefix, dynamic)
   region = lowering.region_policy(spec.policy, key)
   _warn_if_enclosed(region, spec.where)
+  _warn_if_inputs_unseen(region, spec.where, dynamic)
   mask = region_inputs.input_mask(*inputs)
   named = region_inputs.selects_inputs(region.policy)
   if named:
@@ -286,6 +316,7 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
   # is traced again with the names, under a key of its own.
   region = lowering.region_policy(spec.policy)
   _warn_if_enclosed(region, spec.where)
+  _warn_if_inputs_unseen(region, spec.where, dynamic)
   mask = region_inputs.input_mask(*inputs)  # no prefix: all dynamic
   if region_inputs.selects_inputs(region.policy):
     traced = trace_cache.cached_trace(

@@ -77,6 +77,7 @@ from remat_toolkit._src.core.compat.jaxpr_types import eval_jaxpr
 from remat_toolkit._src.core.compat.jaxpr_types import inner_jaxpr as inner_jaxpr
 from remat_toolkit._src.core.compat.jaxpr_types import is_computed
 from remat_toolkit._src.core.compat.jaxpr_types import is_jaxpr_value as is_jaxpr_value
+from remat_toolkit._src.core.compat.jaxpr_types import is_nested_jit_argument
 from remat_toolkit._src.core.compat.jaxpr_types import is_tracer as is_tracer
 from remat_toolkit._src.core.compat.jaxpr_types import jaxpr_consts
 from remat_toolkit._src.core.compat.jaxpr_types import name_p
@@ -129,7 +130,8 @@ from remat_toolkit._src.core.compat.sharding import unpickle_exported
 __all__ = [
     "Jaxpr", "ClosedJaxpr", "JaxprEqn", "Var", "Literal", "DropVar", "name_p",
     "remat_p", "close_jaxpr", "jaxpr_consts", "eval_jaxpr", "dce_jaxpr",
-    "saved_residuals", "is_computed", "enclosing_remat", "remat3_enabled", "remat3",
+    "saved_residuals", "is_computed", "is_nested_jit_argument",
+    "enclosing_remat", "remat3_enabled", "remat3",
     "has_remat3_flag", "has_custom_vjp3_flag", "custom_vjp3_enabled",
     "is_cudnn_unavailable", "remat3_calls_policies", "remat3_offloads",
     "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported",

@@ -32,7 +32,7 @@ __all__ = [
     "Jaxpr", "ClosedJaxpr", "JaxprEqn", "Var", "Literal", "DropVar", "name_p",
     "remat_p", "close_jaxpr", "jaxpr_consts", "eval_jaxpr", "dce_jaxpr",
     "saved_residuals", "inner_jaxpr", "rewrap_jaxpr", "is_jaxpr_value", "abstractify",
-    "is_tracer", "is_computed", "enclosing_remat",
+    "is_tracer", "is_computed", "is_nested_jit_argument", "enclosing_remat",
 ]
 
 
@@ -164,6 +164,40 @@ def is_computed(x: Any) -> bool:
     return False  # a constant the trace closed over
   traced_for = _traced_for(base)
   return not (traced_for == "jit" or _is_remat_body(traced_for))
+
+
+def is_nested_jit_argument(x: Any) -> bool:
+  """Whether ``x`` is an argument of a ``jax.jit`` that a program being
+  traced calls (a jitted layer inside the traced function).
+
+  :func:`is_computed` answers False for it, as for any argument of the
+  ``jit`` being traced; but here its caller may have computed it, and JAX
+  traces the jitted function once for every call with the same types, so
+  which cannot be seen from inside. Only a program that has computed
+  something by then counts: a jit traced before its caller's program holds
+  any equation (``make_jaxpr`` of a jitted step, ``jax.grad`` of a jitted
+  loss inside a jitted step) can only be given the caller's own arguments.
+  Detected: False where the traces carry no parent.
+  """
+  if not isinstance(x, jax.core.Tracer):
+    return False
+  base = x
+  while not isinstance(base, _pe.DynamicJaxprTracer):
+    base = _inner_value(base)
+    if base is None or not isinstance(base, jax.core.Tracer):
+      return False
+  frame = getattr(base._trace, "frame", None)
+  if (getattr(base, "parent", None) is not None or _traced_for(base) != "jit"
+      or not any(v is base.val for v in getattr(frame, "invars", ()))):
+    return False
+  outer = getattr(base._trace, "parent_trace", None)
+  while outer is not None:  # through grad/vmap traces to the programs'
+    frame = getattr(outer, "frame", None)
+    if (isinstance(outer, _pe.DynamicJaxprTrace)
+        and getattr(frame, "tracing_eqns", True)):
+      return True
+    outer = getattr(outer, "parent_trace", None)
+  return False
 
 
 def enclosing_remat() -> str | None:
