@@ -22,10 +22,14 @@ test using a name outside its module's ``__all__``.
   -- the ``remat_mode`` fixture, a catalogue of the built-ins alone
   (``fresh_catalogue``), and trace-time findings raised again as in a fresh
   process (``fresh_trace_warnings``).
-- ``test_compat.py``: ``core.compat``, ``core.jaxpr``, ``policies.lowering``,
-  ``analysis.flops`` -- pins each JAX behaviour the compatibility layer relies
-  on, per release, read with the jaxpr walks and the analyzer's kernel
-  counting, and what the analyzer's marker policy enters.
+- ``test_compat.py``: ``core.compat``, ``core.jaxpr``, ``policies.lowering``
+  -- pins each JAX behaviour the compatibility layer relies on, per release,
+  read with the jaxpr walks, and what the analyzer's marker policy enters.
+- ``test_compat_kernels.py``: ``core.compat``, ``core.jaxpr``,
+  ``analysis.flops`` -- the same for kernels (``custom_vjp``, Pallas, cuDNN),
+  read with the jaxpr walks and the analyzer's kernel counting.
+- ``test_compat_meshes.py``: ``core.compat`` -- the same for meshes larger
+  than this machine (``jax.sharding.AbstractMesh``).
 - ``test_layers.py``: none -- reads the package's files, imports nothing of it.
 - ``test_cli_reference.py``: ``cli.main`` -- white-box: the command's parser,
   which the docs' CLI reference renders, to check every command and option is
@@ -188,6 +192,11 @@ def _parse(aval: Any, description: str) -> Saved:
                memory_kind="host" if "host" in space else "device",
                nbytes=math.prod(aval.shape) * aval.dtype.itemsize,
                description=description, aval=aval)
+
+
+def jax_release() -> str:
+  """This JAX's minor release, ``"0.10"``: the key of the per-release pins."""
+  return ".".join(jax.__version__.split(".")[:2])
 
 
 def jax_residuals(fn, *args, policy=None) -> list[Saved]:
