@@ -43,8 +43,9 @@ from remat_toolkit._src.results.analysis import kept_bytes
 
 __all__ = ["Regions", "region_warnings", "unmatched_names_warning",
            "matmul_warning", "unseen_inputs_warning", "selection_warnings",
-           "per_region_warnings", "own_policy_text", "kernel_warnings", "kernel_rerun_warning",
-           "custom_vjp_mode_warning", "activation_matmul_warning"]
+           "per_region_warnings", "own_policy_text", "kernel_warnings",
+           "kernel_rerun_warning", "custom_vjp_mode_warning",
+           "activation_matmul_warning"]
 
 
 class Regions(Protocol):
