@@ -158,6 +158,12 @@ def test_inputs_arriving_through_a_jit_stay_on_the_device_and_it_is_said():
     assert not [w for w in rt.analyze(_jitted_layers, W, X,
                                       policy="save-matmuls").warnings
                 if w.kind == "inputs-unseen"]
+    # rt.repolicy reads the whole program: the three computed inputs move,
+    # and nothing is unseen.
+    whole = rt.analyze(rt.repolicy(_jitted_layers), W, X,
+                       policy="offload-boundaries")
+    assert whole.offloaded_bytes == 3 * X.size * X.dtype.itemsize
+    assert not [w for w in whole.warnings if w.kind == "inputs-unseen"]
 
 
 def test_a_region_fed_only_arguments_does_not_warn_it_matched_nothing():

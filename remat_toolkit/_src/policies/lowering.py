@@ -83,24 +83,23 @@ class RegionMarkers:
     """The region key a marker stands for."""
     return self._keys[id(policy)]
 
-  def note_inputs(self, key: str, mask: tuple[bool, ...]) -> None:
+  def note_inputs(self, key: str, mask: tuple[bool, ...],
+                  unseen: int = 0) -> None:
     """Records which inputs region ``key`` names when its policy moves them
-    (:mod:`~remat_toolkit._src.policies.region_inputs`)."""
+    (:mod:`~remat_toolkit._src.policies.region_inputs`), and how many it
+    cannot tell (``unseen``: arguments of a ``jax.jit`` the program calls,
+    never moved); a later record of the key (``rt.repolicy``'s, made from the
+    whole program) replaces an earlier one."""
     self._inputs[key] = mask
+    self._unseen[key] = unseen
 
   def inputs_of(self, key: str) -> tuple[bool, ...] | None:
     """What :meth:`note_inputs` recorded for ``key``, if anything."""
     return self._inputs.get(key)
 
-  def note_unseen(self, key: str, count: int) -> None:
-    """Records how many inputs of region ``key`` arrive as arguments of a
-    ``jax.jit`` the program calls (never moved: see
-    :func:`~remat_toolkit._src.policies.region_inputs.unseen_inputs`)."""
-    if count:
-      self._unseen[key] = count
-
   def unseen_of(self, key: str) -> int:
-    """What :meth:`note_unseen` recorded for ``key`` (0 if nothing)."""
+    """The ``unseen`` :meth:`note_inputs` recorded for ``key`` (0 if
+    nothing)."""
     return self._unseen.get(key, 0)
 
 
@@ -160,7 +159,8 @@ def region_policy(policy: PolicyLike, region: str | None = None
 
 
 def region_jax_policy(region: RegionPolicy, names: Iterable[str] | None = None,
-                      inputs: tuple[bool, ...] | None = None) -> Any:
+                      inputs: tuple[bool, ...] | None = None,
+                      unseen: int = 0) -> Any:
   """The JAX policy object for one remat region.
 
   Args:
@@ -170,6 +170,9 @@ def region_jax_policy(region: RegionPolicy, names: Iterable[str] | None = None,
     inputs: which of the region's inputs it names when its policy moves
       them (:func:`~remat_toolkit._src.policies.region_inputs.input_mask`), recorded
       with the analyzer's marker.
+    unseen: how many of its inputs cannot be told computed or given
+      (:func:`~remat_toolkit._src.policies.region_inputs.unseen_inputs`),
+      recorded with them.
 
   Returns:
     An object accepted by ``jax.checkpoint(policy=...)``.
@@ -177,7 +180,7 @@ def region_jax_policy(region: RegionPolicy, names: Iterable[str] | None = None,
   substitute = region.substitute
   if isinstance(substitute, RegionMarkers):
     if inputs is not None:
-      substitute.note_inputs(region.key, inputs)
+      substitute.note_inputs(region.key, inputs, unseen)
     return substitute.marker(region.key)
   if substitute is not None:
     return substitute

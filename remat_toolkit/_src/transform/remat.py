@@ -195,22 +195,16 @@ def _warn_if_enclosed(region: lowering.RegionPolicy, where: str) -> None:
 
 
 def _warn_if_inputs_unseen(region: lowering.RegionPolicy, where: str,
-                           dynamic: Any) -> None:
-  """Says so, once, when a policy that moves region inputs meets inputs that
-  arrive as arguments of a ``jax.jit`` the program calls: whether the
-  program computed them cannot be seen from inside the jit (one trace
-  serves every caller), so they stay on the device, unmoved."""
-  if isinstance(region.substitute, lowering.RegionMarkers):
-    # The analyzer's trace: recorded, and said for the policies that move
-    # inputs (analysis.diagnose).
-    region.substitute.note_unseen(region.key,
-                                  region_inputs.unseen_inputs(dynamic))
-    return
+                           unseen: int) -> None:
+  """Says so, once, when a policy that moves region inputs meets ``unseen``
+  inputs that arrive as arguments of a ``jax.jit`` the program calls
+  (:func:`region_inputs.unseen_inputs`): whether the program computed them
+  cannot be seen from inside the jit (one trace serves every caller), so
+  they stay on the device, unmoved. The analyzer's trace records them with
+  its marker instead, and its results say it per policy."""
   policy = region.policy
-  if policy is None or not region_inputs.selects_inputs(policy):
-    return
-  unseen = region_inputs.unseen_inputs(dynamic)
-  if not unseen:
+  if (not unseen or policy is None
+      or not region_inputs.selects_inputs(policy)):
     return
   warn_at_trace(Finding(
       f"remat region {where} is traced inside a jax.jit the program calls, "
@@ -246,15 +240,16 @@ def _named_dynamic(body: Callable[..., Any],
 
 def _checkpoint_traced(traced: trace_cache.Trace, spec: RegionSpec,
                        inputs: tuple, region: lowering.RegionPolicy,
-                       mask: tuple[bool, ...]) -> Any:
+                       mask: tuple[bool, ...], unseen: int) -> Any:
   """Replays a traced region inside one ``jax.checkpoint``, its policy
   lowered against the names the trace contains; ``mask``: which inputs it
-  names (:func:`region_inputs.input_mask`)."""
+  names (:func:`region_inputs.input_mask`); ``unseen``: how many it cannot
+  tell (:func:`region_inputs.unseen_inputs`)."""
   names = traced.names
   if region_inputs.selects_inputs(region.policy):
     names = names | {region_inputs.INPUT_NAME}  # a region fed only arguments
   lowering.warn_if_unmatched(region, names, spec.where)
-  jax_policy = lowering.region_jax_policy(region, names, mask)
+  jax_policy = lowering.region_jax_policy(region, names, mask, unseen)
   return jax.checkpoint(traced.replay(), policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
@@ -278,16 +273,17 @@ def _checkpoint_pure(pure: Callable[..., Any], spec: RegionSpec,
   inputs = (prefix, dynamic)
   region = lowering.region_policy(spec.policy, key)
   _warn_if_enclosed(region, spec.where)
-  _warn_if_inputs_unseen(region, spec.where, dynamic)
+  unseen = region_inputs.unseen_inputs(dynamic)
+  _warn_if_inputs_unseen(region, spec.where, unseen)
   mask = region_inputs.input_mask(*inputs)
   named = region_inputs.selects_inputs(region.policy)
   if named:
     body = _named_dynamic(body, _dynamic_part(mask, inputs))
   if region.reads_names:
     return _checkpoint_traced(trace_cache.trace(body, inputs), spec, inputs,
-                              region, mask)
+                              region, mask, unseen)
   known = tags.known_names() | ({region_inputs.INPUT_NAME} if named else set())
-  jax_policy = lowering.region_jax_policy(region, known, mask)
+  jax_policy = lowering.region_jax_policy(region, known, mask, unseen)
   return jax.checkpoint(body, policy=jax_policy,
                         prevent_cse=spec.prevent_cse)(*inputs)
 
@@ -316,13 +312,14 @@ def _checkpoint_cached(fn: Callable[..., Any], spec: RegionSpec,
   # is traced again with the names, under a key of its own.
   region = lowering.region_policy(spec.policy)
   _warn_if_enclosed(region, spec.where)
-  _warn_if_inputs_unseen(region, spec.where, dynamic)
+  unseen = region_inputs.unseen_inputs(dynamic)
+  _warn_if_inputs_unseen(region, spec.where, unseen)
   mask = region_inputs.input_mask(*inputs)  # no prefix: all dynamic
   if region_inputs.selects_inputs(region.policy):
     traced = trace_cache.cached_trace(
         cache, None if key is None else (key, region_inputs.INPUT_NAME, mask),
         _named_dynamic(body, mask), inputs)
-  return _checkpoint_traced(traced, spec, inputs, region, mask)
+  return _checkpoint_traced(traced, spec, inputs, region, mask, unseen)
 
 
 # -------------------------------------------------------------- linen lifting
