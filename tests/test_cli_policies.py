@@ -221,6 +221,7 @@ def test_peak_takes_one_policy_either_way_and_compare_adds_peaks():
       expected)
 
 
+@pytest.mark.slow
 def test_plan_bounds_the_peak_from_the_command_line():
   """``plan --bounds peak [--optimizer]`` is rt.plan(bounds="peak"): the same
   policy and predicted peak; the peak options alone are refused as the API
