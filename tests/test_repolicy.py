@@ -367,3 +367,16 @@ def test_nnx_regions_are_keyed_by_the_module_path_of_their_weights(remat_mode):
 
 def test_a_function_of_bare_arrays_keys_its_regions_by_position():
   assert "'#0', '#1'" in _keys_warned(unrolled(OWN), WS, X)
+
+
+def test_a_module_named_value_keys_its_region():
+  """Only an NNX variable's ``.value`` attribute is no module: a weights dict
+  under a module called ``value`` (attention's V projection) keys its
+  region ``attn/value``."""
+  def loss(params, x):
+    region = jax.checkpoint(lambda p, x: jnp.sin(x @ p["kernel"]))
+    return region(params["attn"]["value"], x).sum()
+
+  params = {"attn": {"value": {"kernel": jnp.ones((4, 4))}}}
+  assert "'attn/value'" in _keys_warned(loss, params, jnp.ones((2, 4)))
+

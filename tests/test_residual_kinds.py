@@ -7,6 +7,7 @@ analyzer lists each one with that kind, and ``activation_bytes`` counts all
 but the arguments, as JAX's list does.
 """
 
+import dataclasses
 import json
 
 import flax.linen as nn
@@ -122,3 +123,29 @@ def test_by_module_and_by_name_sum_to_activation_bytes():
   assert sum(report.by_module().values()) == report.activation_bytes
   assert sum(report.by_name().values()) == report.activation_bytes
   assert sum(report.by_name(kind="argument").values()) == report.argument_bytes
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Layer:
+  weight: jax.Array
+
+
+def test_an_argument_is_named_after_where_it_sits_in_any_pytree():
+  """A weight kept as a residual carries the module path its key path gives:
+  a linen variables dict's collection and an NNX variable's ``.value`` left
+  out, a dataclass pytree's attributes kept (``layers[1].weight``: ``1``)."""
+  def loss(layers, params, x):
+    for layer in layers:
+      x = rt.remat(lambda w, x: jnp.tanh(x @ w))(layer.weight, x)
+    return (x @ params["params"]["head"]["kernel"]).sum()
+
+  layers = [_Layer(jax.ShapeDtypeStruct((D, D), jnp.float32))] * 2
+  params = {"params": {"head": {"kernel": jax.ShapeDtypeStruct((D, 2),
+                                                               jnp.float32)}}}
+  report = rt.analyze(loss, layers, params, X, policy="boundary-only")
+  assert {r.label: r.module_path for r in report.residuals
+          if r.kind == "argument"} == {
+              "[0][0].weight": "0", "[0][1].weight": "1",
+              "[1]['params']['head']['kernel']": "head", "[2]": ""}
+

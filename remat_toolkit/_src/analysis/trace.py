@@ -44,6 +44,7 @@ from remat_toolkit._src.analysis.shared_steps import Asked
 from remat_toolkit._src.analysis.shared_steps import sharing
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.core.arg_paths import argument_module_paths
 from remat_toolkit._src.policies import lowering
 from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies.policy import Policy
@@ -123,6 +124,7 @@ class TracedProgram:
           "differentiate and no residual to analyse; pass the parameters "
           "(e.g. analyze(loss, params, batch)).")
     self._paths = paths
+    self._modules = ["/".join(p) for p in argument_module_paths(args)]
     self._markers = lowering.RegionMarkers()
     treedef = self._treedef
 
@@ -510,7 +512,7 @@ class TracedProgram:
     path = o.module_path
     if o.kind == "argument" and o.arg_index is not None:  # an argument has one
       label = self._paths[o.arg_index]
-      path = _path_from_label(label)
+      path = self._modules[o.arg_index]
     elif self._root:
       path = _strip_root(path, self._root)
     return Residual(
@@ -691,9 +693,3 @@ def _region_name_sets(jaxpr, markers) -> dict[str, frozenset[str]]:
 
   _regions.substitute_policy(jaxpr, markers, record)
   return found
-
-
-def _path_from_label(label: str) -> str:
-  keys = [k.strip("'\"") for k in label.replace("]", "").split("[") if k]
-  keys = [k for k in keys[1:] if k not in ("params", "'params'")]
-  return "/".join(keys[:-1])

@@ -32,6 +32,7 @@ import jax
 
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.core.arg_paths import module_path_of
 from remat_toolkit._src.policies import lowering
 from remat_toolkit._src.policies import region_inputs
 from remat_toolkit._src.policies import region_keys
@@ -66,32 +67,16 @@ def _selected(key: str, patterns: tuple[str, ...] | None, hits: set[str]
   return bool(matched)
 
 
-#: Key-path entries that name no module: an NNX variable's value, the
-#: collection linen's variables sit under (its scope paths leave it out).
-_NOT_MODULES = frozenset({"value", "raw_value", "params"})
-
-
-def _key_entry(entry: Any) -> str:
-  for attribute in ("key", "name", "idx"):
-    if hasattr(entry, attribute):
-      return str(getattr(entry, attribute))
-  return str(entry)
-
-
 def _argument_paths(args: tuple, kwargs: dict, traced: list[int]
                    ) -> list[tuple[str, ...]]:
   """Per traced leaf of ``(args, kwargs)``, the module path of the variable
   it is (``('layers', '0', 'lin')`` for an NNX state's
-  ``layers/0/lin/kernel``), the parameter's own name and entries that name
-  no module left out; ``()`` for a bare array."""
+  ``layers/0/lin/kernel``; :func:`~remat_toolkit._src.core.arg_paths.
+  module_path_of`); ``()`` for a bare array."""
   paths = [path for path, _ in
            jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
-  out = []
-  for i in traced:
-    names = [_key_entry(e) for e in paths[i][2:]]  # (args, kwargs), position
-    names = [n for n in names if n not in _NOT_MODULES]
-    out.append(tuple(names[:-1]))
-  return out
+  # (args, kwargs) and the position (or keyword) come first.
+  return [module_path_of(paths[i][2:]) for i in traced]
 
 
 def _common_prefix(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
