@@ -68,6 +68,7 @@ def test_gpt_flops_match_hand_arithmetic(remat_mode):
     assert comparison.reports["save-matmuls"].recompute_flops == 0
 
 
+@pytest.mark.slow
 def test_cli_compare_prints_every_policy():
   status, out, _ = run_cli("compare", "--model", "tiny")
   assert status == 0

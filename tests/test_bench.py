@@ -175,6 +175,7 @@ def test_largest_batch_rejects_a_bad_cap():
 
 # ---------------------------------------------------------------- CLI
 
+@pytest.mark.slow
 def test_cli_bench_json_parses():
   # One policy (the baseline) keeps it to one compile of the built-in model.
   status, out, _ = run_cli("bench", "--model", "tiny", "--steps", "2",

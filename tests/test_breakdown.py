@@ -133,6 +133,7 @@ def test_display_and_json():
 
 # ------------------------------------------------------------------ CLI
 
+@pytest.mark.slow
 def test_cli_breakdown_prints_the_table_and_json():
   status, text, _ = run_cli("breakdown", "--model", "tiny", "--optimizer", "adamw")
   assert status == 0

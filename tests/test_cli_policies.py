@@ -203,6 +203,7 @@ def test_a_policy_file_is_a_policy_name_everywhere(capsys, tmp_path):
   assert "keep-up" not in rt.list_policies()  # run, not registered
 
 
+@pytest.mark.slow
 def test_peak_takes_one_policy_either_way_and_compare_adds_peaks():
   loss_fn, loss_args = models.build_loss("tiny")
   expected = {name: rt.peak(loss_fn, *loss_args, policy=name).bytes
@@ -262,6 +263,7 @@ _JSON_COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(_JSON_COMMANDS))
 def test_every_command_prints_json(capsys, command):
   status, out, _ = _run(capsys, *_JSON_COMMANDS[command], "--json")

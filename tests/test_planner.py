@@ -451,6 +451,7 @@ def test_frontier_plot_and_given_policies():
 
 # ------------------------------------------------------------------ CLI
 
+@pytest.mark.slow
 def test_cli_plan_json_save_and_errors(tmp_path, fresh_catalogue):
   path = tmp_path / "p.toml"
   status, out, err = run_cli("plan", "--model", "tiny", "--budget", "60KiB",
@@ -471,6 +472,7 @@ def test_cli_plan_json_save_and_errors(tmp_path, fresh_catalogue):
   assert status == 2 and "not a memory size" in err
 
 
+@pytest.mark.slow
 def test_cli_plan_text_and_group_sizes():
   status, text, _ = run_cli("plan", "--model", "tiny", "--budget", "400KiB",
                             "--max-evaluations", "4", "--group-sizes", "1,2")

@@ -15,10 +15,13 @@ runs there (two fixed, the others drawn):
   what ``jax.checkpoint`` with the policy written by hand keeps;
 * gradients equal those of the program without remat.
 
-Examples are derandomised (the same draws on every run and machine); the
-``slow`` test draws many more.
+Examples are derandomised (the same draws on every run and machine). CI
+draws a few; ``RT_MANY_EXAMPLES=1 pytest tests/test_random_programs.py``
+draws many more (minutes), before a release or after a change to the
+analyzer's tracing.
 """
 
+import os
 import warnings
 
 import jax
@@ -196,6 +199,8 @@ def test_random_programs_match_jax(program, drawn, remat3):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("RT_MANY_EXAMPLES"),
+                    reason="many examples take minutes: set RT_MANY_EXAMPLES=1")
 @settings(max_examples=20, **_SETTINGS)
 @given(program=programs(), drawn=drawn_policies, remat3=st.booleans())
 def test_many_random_programs_match_jax(program, drawn, remat3):

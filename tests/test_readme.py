@@ -23,6 +23,7 @@ def _section(text, name):
   return match.group(1)
 
 
+@pytest.mark.slow
 def test_every_python_block_runs_and_the_five_minute_example_prints_its_point():
   text = README.read_text(encoding="utf-8")
   printed = run_markdown_examples(README)

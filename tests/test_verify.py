@@ -325,6 +325,7 @@ def test_verification_serialises():
 
 # ------------------------------------------------------------ CLI
 
+@pytest.mark.slow
 def test_cli_verify_on_the_builtin_model():
   status, out, _ = run_cli("verify", "--policy", "save-attention",
                            "--seq", "8")
