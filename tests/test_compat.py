@@ -257,6 +257,27 @@ def test_xla_converts_loop_inputs_whole_is_what_xla_compiles():
     assert compat.xla_converts_loop_inputs_whole() is measured
 
 
+def _scanned_sine(w, x):
+  xs = (x * 2).astype(jnp.bfloat16)  # computed in the step, read by the loop
+  def body(carry, s):
+    return carry + jnp.sin(s).astype(jnp.float32) * w, None
+  return jax.lax.scan(body, jnp.zeros(x.shape[1:], jnp.float32), xs)[0].sum()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="measured on XLA:CPU")
+def test_a_loop_input_read_by_elementwise_math_is_converted_as_the_probe_says():
+  """The probe compiles a matmul's loop; the peak model applies what it
+  finds to every 16-bit stacked input a body reads. Pinned here: XLA
+  converts one only sine reads (no matmul) whole, before the loop, exactly
+  where the probe says it converts a matmul's."""
+  w = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+  x = jax.ShapeDtypeStruct((12, 16, 128), jnp.bfloat16)
+  hlo = jax.jit(_scanned_sine).lower(w, x).compile().as_text()
+  # Nothing else in the step is (12, 16, 128) float32: x is bfloat16.
+  entry = hlo.split("ENTRY", 1)[1]
+  assert compat.xla_converts_loop_inputs_whole() is ("f32[12,16,128]" in entry)
+
+
 def test_is_computed_tells_arguments_and_constants_from_computed_values():
   """What decides whether a region's input is worth moving to the host."""
   const = jnp.ones(3)

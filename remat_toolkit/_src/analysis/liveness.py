@@ -32,7 +32,8 @@ does to buffers is modelled from the program alone, nothing is compiled:
   the other pass reads is kept in 16 bits; an operand it reads waits in 16
   bits too unless XLA merges the two passes' conversions) and, where XLA
   does (``convert_loop_inputs``), a 16-bit stacked input a loop's body
-  multiplies is converted whole before the loop
+  reads is converted whole before the loop, the 16-bit original freed
+  there when the loop is its last reader
   (``upcast_low_precision_matmuls``).
 
 Where XLA's passes differ between releases (the merged casts, the loop's
@@ -156,6 +157,9 @@ class _Op:
   eqn: JaxprEqn | None
   inner: int = 0  # the largest transient set of a loop body or branch
   inner_live: tuple[LiveValue, ...] = ()  # that set
+  # Inputs a loop reads through a float32 copy made before it: one the loop
+  # reads last is freed once copied, so the copy takes its place.
+  converted: tuple[int, ...] = ()
   path: str = ""  # module path, the enclosing calls' included
   backward: bool = False
 
@@ -263,10 +267,13 @@ class _Program:
       found = _body_peak(sub, self, path, backward)
       if sum(v.nbytes for v in found) > sum(v.nbytes for v in inner):
         inner = found
+    converted: tuple[int, ...] = ()
     if compat.is_scan(eqn):
-      inner += self._loop_copies(eqn, path, backward)
+      copies, converted = self._loop_copies(eqn, ins, path, backward)
+      inner += copies
     self.ops.append(_Op(prim, ins, outs, eqn, inner=sum(v.nbytes for v in inner),
-                        inner_live=inner, path=path, backward=backward))
+                        inner_live=inner, converted=converted, path=path,
+                        backward=backward))
     if key is not None:
       self._merged[key] = outs
       self._of_arguments.update(outs)
@@ -283,54 +290,30 @@ class _Program:
     params = repr(sorted((k, repr(v)) for k, v in eqn.params.items()))
     return (eqn.primitive.name, tuple(ins), params)
 
-  def _loop_copies(self, eqn: JaxprEqn, path: str, backward: bool
-                   ) -> tuple[LiveValue, ...]:
-    """Buffers XLA adds around a loop: on XLA:CPU a 16-bit stacked input the
-    body multiplies is converted to float32 whole, before the loop."""
+  def _loop_copies(self, eqn: JaxprEqn, ins: list[int | None], path: str,
+                   backward: bool) -> tuple[tuple[LiveValue, ...], tuple[int, ...]]:
+    """Buffers XLA adds around a loop, and the inputs they stand for: on
+    XLA:CPU, where it does, every 16-bit stacked input the body reads (a
+    matmul operand, or a value its elementwise math computes on in float32)
+    is converted to float32 whole, before the loop."""
+    if not (self.upcast and self.convert_loop_inputs):
+      return (), ()
     body = _jaxpr.sub_jaxprs(eqn)[0]
+    read = {v for e in body.eqns for v in e.invars if _jaxpr.is_jaxpr_var(v)}
     first_xs = compat.scan_num_consts(eqn) + compat.scan_num_carry(eqn)
-    out = []
-    if self.upcast and self.convert_loop_inputs:
-      multiplied = _matmul_operands(body)
-      for k in range(first_xs, len(eqn.invars)):
-        inner_var = body.invars[k]
-        aval = eqn.invars[k].aval
-        if inner_var in multiplied and _is_low_precision(aval):
-          out.append(LiveValue(_shape(aval), "float32", 2 * nbytes_of(aval),
-                               "backward transient" if backward else
-                               "forward transient", path, None,
-                               "convert_element_type"))
-    return tuple(out)
-
-
-def _matmul_operands(body: Jaxpr) -> set[Any]:
-  """The body's inputs a matmul reads, through reshapes, transposes and
-  calls (a remat region in the loop's body)."""
-  return {v for v in body.invars if _reaches_matmul(body, v, 0)}
-
-
-_RESHAPES = frozenset({"transpose", "reshape", "squeeze", "expand_dims",
-                       "copy", "copy_p"})
-
-
-def _reaches_matmul(jaxpr: Jaxpr, var: Any, depth: int) -> bool:
-  if depth > 6:
-    return False
-  for eqn in jaxpr.eqns:
-    if not any(v is var for v in eqn.invars):
-      continue
-    prim = eqn.primitive.name
-    if prim in _MATMULS:
-      return True
-    if prim in _RESHAPES and any(_reaches_matmul(jaxpr, o, depth + 1)
-                                 for o in eqn.outvars):
-      return True
-    body = compat.call_body(eqn)
-    if body is not None:
-      for inner, outer in zip(body.invars, eqn.invars, strict=True):
-        if outer is var and _reaches_matmul(body, inner, depth + 1):
-          return True
-  return False
+    copies: list[LiveValue] = []
+    converted: list[int] = []
+    for k in range(first_xs, len(eqn.invars)):
+      aval = eqn.invars[k].aval
+      if body.invars[k] in read and _is_low_precision(aval):
+        copies.append(LiveValue(_shape(aval), "float32", 2 * nbytes_of(aval),
+                                "backward transient" if backward else
+                                "forward transient", path, None,
+                                "convert_element_type"))
+        source = ins[k]
+        if source is not None:
+          converted.append(source)
+    return tuple(copies), tuple(converted)
 
 
 def _join(prefix: str, path: str) -> str:
@@ -482,10 +465,14 @@ class _Simulation:
     for k, op in enumerate(ops):
       born = {o: self.size[o] for o in op.outs
               if o not in self.outputs and o in self.consumers and self.stored(o)}
-      now = current + sum(born.values()) + op.inner
+      # An input the loop reads through its float32 copy, and reads last,
+      # is freed once copied: the copy (in op.inner) takes its place.
+      copied = {i for i in op.converted if last.get(i) == k and i in live}
+      now = (current + sum(born.values()) + op.inner
+             - sum(live[i] for i in copied))
       if now > peak:
         peak, peak_at = now, k
-        peak_set = {**live, **born}
+        peak_set = {i: b for i, b in {**live, **born}.items() if i not in copied}
       live.update(born)
       current += sum(born.values())
       for i in set(op.ins):
@@ -516,8 +503,8 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
     upcast_low_precision_matmuls: XLA:CPU's float32 matmuls (see above).
     merge_argument_casts: whether XLA computes a cast of an argument once
       for both passes (see above; ``compat.xla_merges_parameter_casts``).
-    convert_loop_inputs: whether XLA converts a loop's 16-bit stacked
-      inputs to float32 whole (``compat.xla_converts_loop_inputs_whole``).
+    convert_loop_inputs: whether XLA converts the 16-bit stacked inputs a
+      loop reads to float32 whole (``compat.xla_converts_loop_inputs_whole``).
   """
   program = _Program(upcast_low_precision_matmuls, merge_argument_casts,
                      convert_loop_inputs)

@@ -232,8 +232,9 @@ def _scanned_matmul(w: Any, xs: Any) -> Any:
 @functools.cache
 def xla_converts_loop_inputs_whole() -> bool:
   """Whether XLA, on the default backend, converts a loop's 16-bit stacked
-  input its body multiplies to float32 whole, before the loop (the jax 0.10
-  XLA:CPU does; the jax 0.12 one multiplies the 16-bit slices).
+  inputs its body reads to float32 whole, before the loop (the jax 0.10
+  XLA:CPU does, for a matmul's operand and for elementwise math alike; the
+  jax 0.12 one converts the 16-bit slices in the loop).
 
   Probed by compiling a scan of a bfloat16 matmul and looking for the
   float32 copy of its stacked input outside the loop.
