@@ -519,6 +519,16 @@ def scanned_mlp_args(batch_size=8, abstract=False, layers=4, width=16):
 
 # ---------------------------------------------------------------- documentation
 
+def scanned_sine(w, x):
+  """A scan whose 16-bit stacked input is computed in the step and only read
+  by elementwise math (no matmul), the loop its last reader."""
+  xs = (x * 2).astype(jnp.bfloat16)
+
+  def body(carry, s):
+    return carry + jnp.sin(s).astype(jnp.float32) * w, None
+  return jax.lax.scan(body, jnp.zeros(x.shape[1:], jnp.float32), xs)[0].sum()
+
+
 def _load_docs_examples():
   """``docs/_ext/example_outputs.py``, loaded by path (it is build code, not a
   package): the pages' parser, runner and output comparison, one copy for the
@@ -542,3 +552,4 @@ markdown_code_blocks = docs_examples.markdown_code_blocks
 #: Runs a page's Python blocks in order in one namespace, as a reader would:
 #: what each printed, by the line of its fence.
 run_markdown_examples = docs_examples.run_examples
+

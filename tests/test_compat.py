@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from shared_helpers import jax_release
 from shared_helpers import jax_residuals
+from shared_helpers import scanned_sine
 
 import remat_toolkit as rt
 from remat_toolkit._src.core import compat
@@ -257,13 +258,6 @@ def test_xla_converts_loop_inputs_whole_is_what_xla_compiles():
     assert compat.xla_converts_loop_inputs_whole() is measured
 
 
-def _scanned_sine(w, x):
-  xs = (x * 2).astype(jnp.bfloat16)  # computed in the step, read by the loop
-  def body(carry, s):
-    return carry + jnp.sin(s).astype(jnp.float32) * w, None
-  return jax.lax.scan(body, jnp.zeros(x.shape[1:], jnp.float32), xs)[0].sum()
-
-
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="measured on XLA:CPU")
 def test_a_loop_input_read_by_elementwise_math_is_converted_as_the_probe_says():
   """The probe compiles a matmul's loop; the peak model applies what it
@@ -272,7 +266,7 @@ def test_a_loop_input_read_by_elementwise_math_is_converted_as_the_probe_says():
   where the probe says it converts a matmul's."""
   w = jax.ShapeDtypeStruct((16, 128), jnp.float32)
   x = jax.ShapeDtypeStruct((12, 16, 128), jnp.bfloat16)
-  hlo = jax.jit(_scanned_sine).lower(w, x).compile().as_text()
+  hlo = jax.jit(scanned_sine).lower(w, x).compile().as_text()
   # Nothing else in the step is (12, 16, 128) float32: x is bfloat16.
   entry = hlo.split("ENTRY", 1)[1]
   assert compat.xla_converts_loop_inputs_whole() is ("f32[12,16,128]" in entry)

@@ -5,6 +5,7 @@ tests/test_peak.py)."""
 import jax
 import jax.numpy as jnp
 import pytest
+from shared_helpers import scanned_sine
 
 from remat_toolkit._src.analysis import liveness
 
@@ -90,13 +91,6 @@ def test_a_loops_16_bit_stacked_input_converted_whole_where_xla_does(convert):
   assert [v.nbytes for v in copies] == ([12 * 16 * 128 * 4] if convert else [])
 
 
-def _scanned_sine(w, x):
-  xs = (x * 2).astype(BF16)  # computed in the step; the loop reads it last
-  def body(carry, s):
-    return carry + jnp.sin(s).astype(jnp.float32) * w, None
-  return jax.lax.scan(body, jnp.zeros(x.shape[1:], jnp.float32), xs)[0].sum()
-
-
 @pytest.mark.parametrize("convert", [True, False])
 def test_a_loop_input_read_elementwise_is_converted_whole_and_freed(convert):
   """Where XLA converts a loop's 16-bit stacked inputs whole, it converts
@@ -105,7 +99,7 @@ def test_a_loop_input_read_elementwise_is_converted_whole_and_freed(convert):
   its last reader: at the loop the float32 copy takes its place."""
   w = jax.ShapeDtypeStruct((16, 128), jnp.float32)
   x = jax.ShapeDtypeStruct((12, 16, 128), BF16)
-  step = jax.make_jaxpr(_scanned_sine)(w, x)
+  step = jax.make_jaxpr(scanned_sine)(w, x)
   peak = liveness.predict_peak(step.jaxpr, ["parameter", "input"],
                                out_phases=["output"],
                                upcast_low_precision_matmuls=True,
