@@ -272,6 +272,18 @@ def test_a_loop_input_read_by_elementwise_math_is_converted_as_the_probe_says():
   assert compat.xla_converts_loop_inputs_whole() is ("f32[12,16,128]" in entry)
 
 
+
+@pytest.mark.parametrize("trips", [1, 2])
+def test_xla_runs_a_loop_of_one_trip_inline(trips):
+  """The peak model runs a scan of length 1 as its body, inline
+  (``liveness._single_iteration_body``): XLA's loop simplifier removes a
+  loop of one trip, and keeps a loop of two."""
+  def fn(ws, x):
+    return jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, ws)[0].sum()
+  hlo = jax.jit(jax.grad(fn)).lower(jnp.ones((trips, 16, 16)),
+                                    jnp.ones((4, 16))).compile().as_text()
+  assert (" while(" in hlo) is (trips > 1)
+
 def test_is_computed_tells_arguments_and_constants_from_computed_values():
   """What decides whether a region's input is worth moving to the host."""
   const = jnp.ones(3)

@@ -143,6 +143,18 @@ def test_optimizer_step_holds_the_state_once(remat_mode):
   assert "adam" in p.step or "optax" in p.step
 
 
+
+def test_an_argument_the_step_never_reads_is_in_neither_figure(remat_mode):
+  """A batch field the loss ignores: jax.jit drops it from the compiled
+  step, and the prediction leaves it out too (it was counted, 4 MiB over)."""
+  del remat_mode
+  field = S((1024, 1024), jnp.float32)
+  bare = rt.peak(loss, PARAMS, X, policy="boundary-only", compile=True)
+  more = rt.peak(lambda params, x, field: loss(params, x), PARAMS, X, field,
+                 policy="boundary-only", compile=True)
+  assert (more.bytes, more.xla_bytes) == (bare.bytes, bare.xla_bytes)
+  assert not [t for t in more.live if t.shape == (1024, 1024)]
+
 def test_renders_as_text_html_json_and_rows():
   p = rt.peak(loss, PARAMS, X, policy="save-ffn")
   text = str(p)

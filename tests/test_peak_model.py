@@ -111,3 +111,47 @@ def test_a_loop_input_read_elementwise_is_converted_whole_and_freed(convert):
     assert stacked == [("float32", "convert_element_type", 4 * elements)]
   else:
     assert stacked == [("bfloat16", "mul", 2 * elements)]
+
+
+def test_an_argument_the_step_never_reads_is_not_held():
+  """jax.jit drops an argument nothing reads (a batch field the loss
+  ignores) from the compiled program: it is not in the peak, and a donated
+  one lends no buffer to an output."""
+  x = jnp.ones((128, 256))
+  unused = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+  loss = lambda w, x, u: jnp.tanh(x @ w).sum()  # noqa: E731
+  with_unused = _peak(loss, (W, x, unused), 0, ["parameter", "input", "input"])
+  without = _peak(lambda w, x: loss(w, x, None), (W, x), 0,
+                  ["parameter", "input"])
+  assert with_unused.bytes == without.bytes
+  assert not [v for v in with_unused.live if v.shape == (1024, 1024)]
+  # A donated argument of the gradient's type, never read: W's gradient
+  # still needs a buffer of its own.
+  donated = _peak(lambda w, x, spare: loss(w, x, None), (W, x, W), 0,
+                  ["parameter", "input", "optimizer state"],
+                  donated=[False, False, True])
+  assert donated.bytes == without.bytes
+  assert [v.phase for v in donated.live if v.primitive == "output"] == [
+      "gradient"]
+
+
+def _one_layer(w, x):
+  return jax.checkpoint(lambda w, x: jnp.tanh(x @ w))(w, x)
+
+
+def test_a_scan_of_one_iteration_is_the_layer_itself():
+  """XLA removes a loop of one trip and runs its body inline: a scan over
+  one layer holds what that layer called once holds, no loop buffers."""
+  x = jnp.ones((128, 256))
+
+  def scanned(ws, x):
+    return jax.lax.scan(lambda x, w: (_one_layer(w, x), None), x, ws)[0].sum()
+
+  looped = _peak(scanned, (W[None], x), 0, ["parameter", "input"])
+  once = _peak(lambda w, x: _one_layer(w, x).sum(), (W, x), 0,
+               ["parameter", "input"])
+  assert looped.bytes == once.bytes == 2 * W_BYTES + 2 * x.size * 4
+  # Two iterations are a loop: its stacked residual is held.
+  two = _peak(scanned, (jnp.stack([W, W]), x), 0, ["parameter", "input"])
+  assert [v.shape for v in two.live if v.phase == "kept residual"] == [
+      (2, 128, 256)]

@@ -13,7 +13,12 @@ runs there (two fixed, the others drawn):
   host and device);
 * ``rt.repolicy`` of the same layers written with ``jax.checkpoint`` keeps
   what ``jax.checkpoint`` with the policy written by hand keeps;
-* gradients equal those of the program without remat.
+* gradients equal those of the program without remat;
+* ``rt.peak(..., compile=True)`` of the step (``jax.grad``, or an optax
+  train step) adds up: its live tensors sum to its prediction, XLA's live
+  buffers to XLA's figure, which is ``memory_analysis()`` of the same step
+  compiled here, and the prediction holds exactly the arguments XLA's
+  compiled program takes (``jax.jit`` drops those the step never reads).
 
 Examples are derandomised (the same draws on every run and machine). CI
 draws a few; ``RT_MANY_EXAMPLES=1 pytest tests/test_random_programs.py``
@@ -27,6 +32,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import given
@@ -205,3 +211,60 @@ def test_random_programs_match_jax(program, drawn, remat3):
 @given(program=programs(), drawn=drawn_policies, remat3=st.booleans())
 def test_many_random_programs_match_jax(program, drawn, remat3):
   check(program, drawn, remat3)
+
+
+
+def _xla_figure(fn, args, policy, optimizer):
+  """``memory_analysis()`` of the step ``rt.peak`` compiles, compiled here:
+  argument + output + temp - alias."""
+  with rt.use_policy(policy):
+    if optimizer is None:
+      lowered = jax.jit(jax.grad(fn)).lower(*args)
+    else:
+      def step(params, state, *rest):
+        grads = jax.grad(fn)(params, *rest)
+        updates, state = optimizer.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+      state = jax.eval_shape(optimizer.init, args[0])
+      lowered = jax.jit(step, donate_argnums=(0, 1)).lower(
+          args[0], state, *args[1:])
+    m = lowered.compile().memory_analysis()
+  return (m.argument_size_in_bytes + m.output_size_in_bytes
+          + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def check_peak(program, policy, remat3, train):
+  with jax_remat3(remat3), warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # findings are not these tests' subject
+    if policy not in runnable_policies():
+      return
+    fn, args = build(program, rt.remat)
+    optimizer = optax.adam(1e-3) if train else None
+    p = rt.peak(fn, *args, policy=policy, optimizer=optimizer, compile=True)
+    assert sum(t.nbytes for t in p.live) == p.bytes, (program, policy)
+    assert sum(b.nbytes for b in p.xla_live) == p.xla_bytes, (program, policy)
+    assert p.xla_bytes == _xla_figure(fn, args, policy, optimizer), (
+        program, policy)
+    held = sum(t.nbytes for t in p.live if t.primitive == "argument")
+    taken = sum(b.nbytes for b in p.xla_live if b.phase == "argument")
+    assert held == taken, (program, policy, train)
+
+
+drawn_policy = st.sampled_from(rt.list_policies())
+
+
+@settings(max_examples=3, **_SETTINGS)
+@given(program=programs(), policy=drawn_policy, remat3=st.booleans(),
+       train=st.booleans())
+def test_random_programs_peak_adds_up(program, policy, remat3, train):
+  check_peak(program, policy, remat3, train)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("RT_MANY_EXAMPLES"),
+                    reason="many examples take minutes: set RT_MANY_EXAMPLES=1")
+@settings(max_examples=20, **_SETTINGS)
+@given(program=programs(), policy=drawn_policy, remat3=st.booleans(),
+       train=st.booleans())
+def test_many_random_programs_peak_adds_up(program, policy, remat3, train):
+  check_peak(program, policy, remat3, train)

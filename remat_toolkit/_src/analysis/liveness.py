@@ -24,9 +24,12 @@ does to buffers is modelled from the program alone, nothing is compiled:
   identities: the named value is the value.
 - **Loops and branches** (``scan``, ``while``, ``cond``): their outputs are
   allocated when they start, and the largest transient set of one iteration
-  (or branch) is added while they run.
+  (or branch) is added while they run. A scan of length 1 is its body, run
+  once inline: XLA's loop simplifier removes a loop of one trip.
 - **Arguments and outputs** are held for the whole step, as XLA allocates
-  them (its ``memory_analysis()`` counts ``argument + output + temp``).
+  them (its ``memory_analysis()`` counts ``argument + output + temp``),
+  except an argument the step never reads (a batch field the loss ignores, a
+  parameter it does not use): ``jax.jit`` drops it from the compiled program.
 - **XLA:CPU** computes 16-bit matmuls in float32: each 16-bit operand is
   stored again in float32 and the product comes out in float32 (a product
   the other pass reads is kept in 16 bits; an operand it reads waits in 16
@@ -231,6 +234,8 @@ class _Program:
       here = _join(path, _jaxpr.module_path(eqn))
       back = backward or _is_backward(eqn)
       body = compat.call_body(eqn)
+      if body is None:
+        body = _single_iteration_body(eqn)
       if body is not None:
         self._inline(eqn, body, ins, env, here, back)
         continue
@@ -314,6 +319,26 @@ class _Program:
         if source is not None:
           converted.append(source)
     return tuple(copies), tuple(converted)
+
+
+def _single_iteration_body(eqn: JaxprEqn) -> Jaxpr | None:
+  """The body of a scan that runs once, which XLA inlines (its loop
+  simplifier removes a loop of one trip): each slice the body reads is its
+  whole stacked input, each output it stacks is the output itself."""
+  if not compat.is_scan(eqn) or eqn.params.get("length") != 1:
+    return None
+  subs = _jaxpr.sub_jaxprs(eqn)
+  if len(subs) != 1:
+    return None
+  body = subs[0]
+  if (body.constvars or len(body.invars) != len(eqn.invars)
+      or len(body.outvars) != len(eqn.outvars)):
+    return None
+  pairs = [*zip(body.invars, eqn.invars, strict=True),
+           *zip(body.outvars, eqn.outvars, strict=True)]
+  if any(nbytes_of(a.aval) != nbytes_of(b.aval) for a, b in pairs):
+    return None
+  return body
 
 
 def _join(prefix: str, path: str) -> str:
@@ -516,7 +541,9 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
   program.add(jaxpr, env)
   outputs = [env.get(v) if _jaxpr.is_jaxpr_var(v) else None
              for v in jaxpr.outvars]
-  kept = _outputs(jaxpr, out_phases, out_paths, donated)
+  read = _read_inputs(jaxpr)
+  kept = _outputs(jaxpr, out_phases, out_paths,
+                  [bool(d) and k in read for k, d in enumerate(donated or ())])
   held: dict[int, LiveValue] = {}
   for k, value in kept.items():
     out = outputs[k]
@@ -527,7 +554,7 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
   # some of the time, which this model leaves out.
   sim = _Simulation(program, outputs={o for o in outputs if o is not None},
                     own_buffers=set(held))
-  live = _arguments(jaxpr, arg_phases, arg_paths)
+  live = _arguments(jaxpr, arg_phases, arg_paths, read)
   live += list(held.values()) + [v for k, v in kept.items()
                                  if outputs[k] is None or outputs[k] in inputs]
   live += _transients(sim)
@@ -539,11 +566,21 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
       backward=op is not None and op.backward)
 
 
+def _read_inputs(jaxpr: Jaxpr) -> set[int]:
+  """The positions of the inputs the (dead-code-free) step reads or
+  returns: the arguments ``jax.jit`` keeps in the compiled program."""
+  used = {v for e in jaxpr.eqns for v in e.invars if _jaxpr.is_jaxpr_var(v)}
+  used.update(v for v in jaxpr.outvars if _jaxpr.is_jaxpr_var(v))
+  return {k for k, v in enumerate(jaxpr.invars) if v in used}
+
+
 def _arguments(jaxpr: Jaxpr, phases: Sequence[str],
-               paths: Sequence[str] | None) -> list[LiveValue]:
+               paths: Sequence[str] | None, read: set[int]) -> list[LiveValue]:
   out = [LiveValue(_shape(v.aval), _dtype(v.aval), nbytes_of(v.aval), "input",
                    "", None, "constant") for v in jaxpr.constvars]
   for k, v in enumerate(jaxpr.invars):
+    if k not in read:
+      continue
     out.append(LiveValue(_shape(v.aval), _dtype(v.aval), nbytes_of(v.aval),
                          phases[k], paths[k] if paths else "", None,
                          "argument", k))
