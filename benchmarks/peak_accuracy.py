@@ -21,6 +21,10 @@ GPT-2, BERT and Llama (transformers, built from configs: nothing is
 downloaded) with 4 layers x 256, seq 256, batch 4, bfloat16 activations,
 each block made a region by ``rt.remat_modules`` (blocks found, not named).
 
+``--optimizer adam`` (any name ``rt.peak`` takes) measures the optax train
+step instead of ``jax.grad``: gradients, the update and the new parameters
+and optimizer state, the parameters and state donated.
+
 ``--seconds`` adds the time to predict (``rt.peak`` without compile) and to
 compile the step (``jax.jit(jax.grad(fn)).lower(...).compile()`` under the
 policy). ``--speed`` times only that, on the 12-layer gpt2-small shape (batch
@@ -34,7 +38,7 @@ hide the policy's effect.
 Usage:
   python benchmarks/peak_accuracy.py [--layouts unrolled scan]
       [--attention naive dot_product flash] [--frameworks linen nnx]
-      [--policies boundary-only save-qkv ...] [--seconds]
+      [--policies boundary-only save-qkv ...] [--optimizer adam] [--seconds]
   python benchmarks/peak_accuracy.py --speed [--layouts unrolled scan]
   python benchmarks/peak_accuracy.py --hf [--policies ...]
 """
@@ -103,8 +107,10 @@ def compile_seconds(fn: Callable, args: tuple, policy: str) -> tuple[float, int]
 
 def measure(fn: Callable, args: tuple, policies, *, seconds: bool = False,
             measured: Callable[[str], int | None] | None = None,
-            deadline: float | None = None) -> list[dict[str, Any]]:
-  """One record per policy: predicted, XLA's, kept bytes, error, findings;
+            deadline: float | None = None,
+            optimizer: str | None = None) -> list[dict[str, Any]]:
+  """One record per policy: predicted, XLA's, kept bytes, error, findings
+  (of the optax train step with ``optimizer``, else of ``jax.grad``);
   with ``seconds`` the time to predict and to compile; with ``measured``
   (policy -> bytes, e.g. a GPU's ``peak_bytes_in_use`` after a real step)
   that figure too. Policies past ``deadline`` (``time.perf_counter()``) are
@@ -117,9 +123,9 @@ def measure(fn: Callable, args: tuple, policies, *, seconds: bool = False,
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")  # the findings are listed from the results
       start = time.perf_counter()
-      predicted = rt.peak(fn, *args, policy=policy)
+      predicted = rt.peak(fn, *args, policy=policy, optimizer=optimizer)
       predict_s = time.perf_counter() - start
-      p = rt.peak(fn, *args, policy=policy, compile=True)
+      p = rt.peak(fn, *args, policy=policy, optimizer=optimizer, compile=True)
       row = {"policy": policy, "predicted": p.bytes, "xla": p.xla_bytes,
              "kept": p.kept_bytes, "error": p.error, "when": p.when,
              "findings": [w for w in p.warnings
@@ -260,15 +266,17 @@ def tables(args) -> list[tuple[str, Callable[[], tuple[Callable, tuple]]]]:
 
 def accuracy(args) -> int:
   cfg = shape(args.layers, args.seq, args.batch)
+  step = (f"the optax {args.optimizer} train step (parameters and state donated)"
+          if args.optimizer else "jax.jit(jax.grad(loss))")
   if args.hf:
     print(f"config Hugging Face Flax {', '.join(HF_MODELS)}: 4 layers x 256, "
           f"batch {args.batch}, seq {args.seq}, bfloat16 activations, float32 "
-          "parameters; blocks made regions by rt.remat_modules; step: "
-          f"jax.jit(jax.grad(loss)); policies: {', '.join(args.policies)}")
+          f"parameters; blocks made regions by rt.remat_modules; step: {step}; "
+          f"policies: {', '.join(args.policies)}")
   else:
     print(f"config gpt2-small cut to {cfg.num_layers} layers x {cfg.d_model}, "
           f"batch {cfg.batch_size}, seq {cfg.seq_len}, {cfg.dtype} activations, "
-          f"{cfg.param_dtype} parameters; step: jax.jit(jax.grad(loss)); "
+          f"{cfg.param_dtype} parameters; step: {step}; "
           f"policies: {', '.join(args.policies)}")
   worst: tuple[float, str] | None = None
   tables_done = kept_order = kept_tables = pairs = peak_right = kept_right = 0
@@ -277,7 +285,8 @@ def accuracy(args) -> int:
     print(f"\n## {label}\n")
     fn, loss_args = build()
     start = time.perf_counter()
-    rows = measure(fn, loss_args, args.policies, seconds=args.seconds)
+    rows = measure(fn, loss_args, args.policies, seconds=args.seconds,
+                   optimizer=args.optimizer)
     print_table(rows)
     print(f"({time.perf_counter() - start:.0f} s)")
     tables_done += 1
@@ -363,7 +372,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--speed", action="store_true",
                       help="only time predict against compile on the 12-layer "
                            "gpt2-small shape (batch 8, seq 1024)")
+  parser.add_argument("--optimizer", default=None,
+                      help="measure the optax train step of this optimizer "
+                           "(e.g. adam) instead of jax.grad")
   args = parser.parse_args(argv)
+  if args.optimizer and (args.seconds or args.speed):
+    parser.error("--optimizer measures accuracy only: drop --seconds/--speed")
   print(describe_machine())
   print("command: python benchmarks/peak_accuracy.py " + " ".join(
       sys.argv[1:] if argv is None else argv))
