@@ -63,10 +63,11 @@ test using a name outside its module's ``__all__``.
   a program and each policy diagnosed once, the traced program only
   measuring), and the jaxpr walks ``rt.verify`` and the residual origins
   rest on.
-- ``test_peak_model.py``: ``analysis.liveness`` -- white-box:
+- ``test_peak_model.py``: ``analysis.liveness``, ``analysis.packing`` -- white-box:
   the peak's buffer model rule by rule (merged casts, in-place outputs, 16-bit
-  products, loop conversions), each switched on and off as the compatibility
-  layer's probes would, which no result can do on one JAX release.
+  products, loop conversions, the layout of temporaries), each switched on
+  and off as the compatibility layer's probes would, which no result can do
+  on one JAX release.
 - ``test_verify.py``: ``analysis.verify`` -- white-box: the norm-wise gradient
   comparison, whose edge cases (NaN, zero leaves) no small model reaches.
 - ``test_warnings.py``: ``policies.findings`` -- white-box: the one switch that

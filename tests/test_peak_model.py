@@ -8,6 +8,9 @@ import pytest
 from shared_helpers import scanned_sine
 
 from remat_toolkit._src.analysis import liveness
+from remat_toolkit._src.analysis import packing
+
+MiB = 2 ** 20
 
 BF16 = jnp.bfloat16
 W = jnp.ones((256, 256))
@@ -155,3 +158,24 @@ def test_a_scan_of_one_iteration_is_the_layer_itself():
   two = _peak(scanned, (jnp.stack([W, W]), x), 0, ["parameter", "input"])
   assert [v.shape for v in two.live if v.phase == "kept residual"] == [
       (2, 128, 256)]
+
+
+
+def test_temporaries_are_packed_in_one_block_as_xla_lays_them_out():
+  """XLA lays temporaries out in one block, the larger (or the longer-lived)
+  first, each in the tightest gap that fits: a block can be larger than
+  what is ever live at once. Never smaller; equal where no gap is left."""
+  def largest_live(spans):
+    return max(sum(b for first, last, b in spans if first <= k <= last)
+               for k in range(max(last for _, last, _ in spans) + 1))
+  gapped = [(1, 1, 5 * MiB), (0, 2, 2 * MiB), (2, 5, 4 * MiB), (4, 5, 5 * MiB)]
+  assert largest_live(gapped) == 9 * MiB
+  assert packing.packed_bytes(gapped) == 11 * MiB
+  # Largest first would leave a gap (10 MiB: the 3 MiB buffer lands on the
+  # 5 and 4 MiB ones' offsets, the 2 MiB one on top); longest-lived first
+  # leaves none (9 MiB, all that is live at step 1): the better is taken.
+  ordered = [(2, 2, 5 * MiB), (0, 3, 3 * MiB), (0, 1, 2 * MiB), (1, 1, 4 * MiB)]
+  assert packing.packed_bytes(ordered) == largest_live(ordered) == 9 * MiB
+  chain = [(k, k + 1, MiB) for k in range(6)]
+  assert packing.packed_bytes(chain) == largest_live(chain) == 2 * MiB
+

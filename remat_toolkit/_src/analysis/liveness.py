@@ -26,6 +26,12 @@ does to buffers is modelled from the program alone, nothing is compiled:
   allocated when they start, and the largest transient set of one iteration
   (or branch) is added while they run. A scan of length 1 is its body, run
   once inline: XLA's loop simplifier removes a loop of one trip.
+- **Packing.** XLA lays the step's temporaries out in one block, each
+  buffer at an offset that no buffer live at the same time holds: the
+  larger (or the longer-lived) first, each in the tightest gap that fits
+  (its heap simulator, the better of the two orders). Gaps left between
+  buffers of other sizes make the block larger than what is live at once;
+  the difference is listed as ``packing``.
 - **Arguments and outputs** are held for the whole step, as XLA allocates
   them (its ``memory_analysis()`` counts ``argument + output + temp``),
   except an argument the step never reads (a batch field the loss ignores, a
@@ -67,6 +73,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from remat_toolkit._src.analysis.packing import PACKED_MIN_BYTES
+from remat_toolkit._src.analysis.packing import packed_bytes
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
 from remat_toolkit._src.core.compat import Jaxpr
@@ -385,6 +393,7 @@ class _Simulation:
       self._upcast_matmul_operands()
     self._stored: dict[int, bool] = {}
     self._write_into_outputs()
+    self.intervals: list[tuple[int, int, int]] = []
     self.peak_transients, self.peak_at, self.peak_set = self._run()
 
   def _source(self, v: int | None) -> int | None:
@@ -487,12 +496,18 @@ class _Simulation:
     live: dict[int, int] = {}
     current = peak = 0
     peak_at, peak_set = -1, {}
+    # (first op, last op, bytes) of every temporary, for packing; by value.
+    spans: dict[int, list[int]] = {}
     for k, op in enumerate(ops):
       born = {o: self.size[o] for o in op.outs
               if o not in self.outputs and o in self.consumers and self.stored(o)}
       # An input the loop reads through its float32 copy, and reads last,
       # is freed once copied: the copy (in op.inner) takes its place.
       copied = {i for i in op.converted if last.get(i) == k and i in live}
+      for c in copied & spans.keys():
+        spans[c][1] = k - 1
+      spans.update({o: [k, last.get(o, k), b] for o, b in born.items() if b})
+      self.intervals.extend((k, k, v.nbytes) for v in op.inner_live if v.nbytes)
       now = (current + sum(born.values()) + op.inner
              - sum(live[i] for i in copied))
       if now > peak:
@@ -503,7 +518,16 @@ class _Simulation:
       for i in set(op.ins):
         if i is not None and last.get(i) == k and i in live:
           current -= live.pop(i)
+    self.intervals.extend((first, end, b) for first, end, b in spans.values())
     return peak, peak_at, peak_set
+
+  def packed_bytes(self) -> int:
+    """The size of the block XLA lays this program's temporaries out in:
+    the packing of those of :data:`PACKED_MIN_BYTES` or more (smaller ones
+    fill its gaps), and at least their largest live sum
+    (:attr:`peak_transients`)."""
+    big = [t for t in self.intervals if t[2] >= PACKED_MIN_BYTES]
+    return max(packed_bytes(big), self.peak_transients)
 
 
 def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
@@ -557,7 +581,11 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
   live = _arguments(jaxpr, arg_phases, arg_paths, read)
   live += list(held.values()) + [v for k, v in kept.items()
                                  if outputs[k] is None or outputs[k] in inputs]
-  live += _transients(sim)
+  transients = _transients(sim)
+  live += transients
+  gap = sim.packed_bytes() - sum(v.nbytes for v in transients)
+  if gap > 0:
+    live.append(LiveValue((), "", gap, "packing", "", None, "packing"))
   op = program.ops[sim.peak_at] if 0 <= sim.peak_at < len(program.ops) else None
   return LivenessPeak(
       bytes=sum(v.nbytes for v in live), live=tuple(live),

@@ -37,7 +37,9 @@ class LiveTensor:
     phase: ``"parameter"``, ``"input"``, ``"optimizer state"``,
       ``"gradient"``, ``"output"`` (what a train step returns),
       ``"kept residual"`` (made by the forward pass, read by the backward
-      pass), ``"forward transient"`` or ``"backward transient"``.
+      pass), ``"forward transient"`` or ``"backward transient"``; one
+      ``"packing"`` entry (no tensor) holds the gaps XLA's layout of the
+      temporaries leaves beyond what is live at the peak.
     module_path: the module that made it, or an argument's pytree path.
     name: its checkpoint name, if any.
     primitive: the primitive that made it (``"argument"``, ``"output"``).
@@ -141,8 +143,9 @@ class Peak(Result):
 
   def by_module(self, depth: int | None = 1) -> dict[str, int]:
     """Predicted bytes of the activations and transients per module prefix
-    (parameters, inputs, gradients and optimizer state left out)."""
-    state = {"parameter", "input", "optimizer state", "gradient", "output"}
+    (parameters, inputs, gradients, optimizer state and packing left out)."""
+    state = {"parameter", "input", "optimizer state", "gradient", "output",
+             "packing"}
     return _grouped(
         ("/".join(t.module_path.split("/")[:depth] if depth else
                   t.module_path.split("/")) or "(top level)", t.nbytes)
