@@ -92,6 +92,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 import remat_toolkit as rt
@@ -554,3 +555,25 @@ markdown_code_blocks = docs_examples.markdown_code_blocks
 #: what each printed, by the line of its fence.
 run_markdown_examples = docs_examples.run_examples
 
+
+
+def xla_step_bytes(fn, args, policy, optimizer=None) -> int:
+  """XLA's figure of one step of ``fn`` under ``policy``, compiled here (the
+  oracle ``rt.peak(..., compile=True)``, ``compare`` and ``plan`` are checked
+  against): argument + output + temp - alias of ``memory_analysis()``, for
+  ``jax.jit(jax.grad(fn))``, or with ``optimizer`` the optax train step with
+  the parameters (``args[0]``) and the state donated."""
+  with rt.use_policy(policy):
+    if optimizer is None:
+      lowered = jax.jit(jax.grad(fn)).lower(*args)
+    else:
+      def step(params, state, *rest):
+        updates, state = optimizer.update(jax.grad(fn)(params, *rest), state,
+                                          params)
+        return optax.apply_updates(params, updates), state
+      state = jax.eval_shape(optimizer.init, args[0])
+      lowered = jax.jit(step, donate_argnums=(0, 1)).lower(
+          args[0], state, *args[1:])
+    m = lowered.compile().memory_analysis()
+  return (m.argument_size_in_bytes + m.output_size_in_bytes
+          + m.temp_size_in_bytes - m.alias_size_in_bytes)

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 from shared_helpers import run_on_simulated_devices
+from shared_helpers import xla_step_bytes
 
 import remat_toolkit as rt
 from remat_toolkit.results import Peak
@@ -42,28 +43,12 @@ X = S((N, D), jnp.float32)
 PARAM_BYTES = 3 * 2 * D * H * 4
 
 
-def _xla_figure(policy, optimizer=None):
-  with rt.use_policy(policy):
-    if optimizer is None:
-      lowered = jax.jit(jax.grad(loss)).lower(PARAMS, X)
-    else:
-      state = jax.eval_shape(optimizer.init, PARAMS)
-
-      def step(p, s, x):
-        updates, s = optimizer.update(jax.grad(loss)(p, x), s, p)
-        return optax.apply_updates(p, updates), s
-      lowered = jax.jit(step, donate_argnums=(0, 1)).lower(PARAMS, state, X)
-    m = lowered.compile().memory_analysis()
-  return (m.argument_size_in_bytes + m.output_size_in_bytes
-          + m.temp_size_in_bytes - m.alias_size_in_bytes)
-
-
 @pytest.mark.parametrize("policy", ["boundary-only", "save-everything"])
 def test_xla_bytes_is_memory_analysis_and_both_lists_sum(policy, remat_mode):
   del remat_mode
   p = rt.peak(loss, PARAMS, X, policy=policy, compile=True)
   assert isinstance(p, Peak)
-  assert p.xla_bytes == _xla_figure(policy)
+  assert p.xla_bytes == xla_step_bytes(loss, (PARAMS, X), policy)
   assert sum(b.nbytes for b in p.xla_live) == p.xla_bytes
   assert sum(t.nbytes for t in p.live) == p.bytes
   assert {b.phase for b in p.xla_live} >= {"argument", "output"}
@@ -139,7 +124,7 @@ def test_optimizer_step_holds_the_state_once(remat_mode):
               jax.tree_util.tree_leaves(jax.eval_shape(adam.init, PARAMS)))
   assert p.by_phase()["optimizer state"] == state
   assert "gradient" not in p.by_phase()  # donated: new parameters in place
-  assert p.xla_bytes == _xla_figure("boundary-only", adam)
+  assert p.xla_bytes == xla_step_bytes(loss, (PARAMS, X), "boundary-only", adam)
   assert "adam" in p.step or "optax" in p.step
 
 

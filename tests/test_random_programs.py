@@ -45,6 +45,7 @@ from shared_helpers import remat3 as jax_remat3
 from shared_helpers import reports_of
 from shared_helpers import residuals
 from shared_helpers import runnable_policies
+from shared_helpers import xla_step_bytes
 
 import remat_toolkit as rt
 
@@ -214,25 +215,6 @@ def test_many_random_programs_match_jax(program, drawn, remat3):
 
 
 
-def _xla_figure(fn, args, policy, optimizer):
-  """``memory_analysis()`` of the step ``rt.peak`` compiles, compiled here:
-  argument + output + temp - alias."""
-  with rt.use_policy(policy):
-    if optimizer is None:
-      lowered = jax.jit(jax.grad(fn)).lower(*args)
-    else:
-      def step(params, state, *rest):
-        grads = jax.grad(fn)(params, *rest)
-        updates, state = optimizer.update(grads, state, params)
-        return optax.apply_updates(params, updates), state
-      state = jax.eval_shape(optimizer.init, args[0])
-      lowered = jax.jit(step, donate_argnums=(0, 1)).lower(
-          args[0], state, *args[1:])
-    m = lowered.compile().memory_analysis()
-  return (m.argument_size_in_bytes + m.output_size_in_bytes
-          + m.temp_size_in_bytes - m.alias_size_in_bytes)
-
-
 def check_peak(program, policy, remat3, train):
   with jax_remat3(remat3), warnings.catch_warnings():
     warnings.simplefilter("ignore")  # findings are not these tests' subject
@@ -243,7 +225,7 @@ def check_peak(program, policy, remat3, train):
     p = rt.peak(fn, *args, policy=policy, optimizer=optimizer, compile=True)
     assert sum(t.nbytes for t in p.live) == p.bytes, (program, policy)
     assert sum(b.nbytes for b in p.xla_live) == p.xla_bytes, (program, policy)
-    assert p.xla_bytes == _xla_figure(fn, args, policy, optimizer), (
+    assert p.xla_bytes == xla_step_bytes(fn, args, policy, optimizer), (
         program, policy)
     held = sum(t.nbytes for t in p.live if t.primitive == "argument")
     taken = sum(b.nbytes for b in p.xla_live if b.phase == "argument")

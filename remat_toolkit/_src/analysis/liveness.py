@@ -393,8 +393,8 @@ class _Simulation:
       self._upcast_matmul_operands()
     self._stored: dict[int, bool] = {}
     self._write_into_outputs()
-    self.intervals: list[tuple[int, int, int]] = []
-    self.peak_transients, self.peak_at, self.peak_set = self._run()
+    (self.peak_transients, self.peak_at, self.peak_set,
+     self.intervals) = self._run()
 
   def _source(self, v: int | None) -> int | None:
     """The stored value behind a chain of transposes feeding a matmul."""
@@ -491,13 +491,15 @@ class _Simulation:
         or (ops[c].primitive == "transpose" and not self.stored(ops[c].outs[0]))
         for c in consumers)
 
-  def _run(self) -> tuple[int, int, dict[int, int]]:
+  def _run(self) -> tuple[int, int, dict[int, int], list[tuple[int, int, int]]]:
+    """The largest live sum, the op it falls at and what is live then, and
+    every temporary's (first op, last op, bytes), for packing."""
     ops, last = self.program.ops, self.last
     live: dict[int, int] = {}
     current = peak = 0
     peak_at, peak_set = -1, {}
-    # (first op, last op, bytes) of every temporary, for packing; by value.
-    spans: dict[int, list[int]] = {}
+    spans: dict[int, list[int]] = {}  # by value: [first op, last op, bytes]
+    intervals: list[tuple[int, int, int]] = []
     for k, op in enumerate(ops):
       born = {o: self.size[o] for o in op.outs
               if o not in self.outputs and o in self.consumers and self.stored(o)}
@@ -507,7 +509,7 @@ class _Simulation:
       for c in copied & spans.keys():
         spans[c][1] = k - 1
       spans.update({o: [k, last.get(o, k), b] for o, b in born.items() if b})
-      self.intervals.extend((k, k, v.nbytes) for v in op.inner_live if v.nbytes)
+      intervals.extend((k, k, v.nbytes) for v in op.inner_live if v.nbytes)
       now = (current + sum(born.values()) + op.inner
              - sum(live[i] for i in copied))
       if now > peak:
@@ -518,8 +520,8 @@ class _Simulation:
       for i in set(op.ins):
         if i is not None and last.get(i) == k and i in live:
           current -= live.pop(i)
-    self.intervals.extend((first, end, b) for first, end, b in spans.values())
-    return peak, peak_at, peak_set
+    intervals.extend((first, end, b) for first, end, b in spans.values())
+    return peak, peak_at, peak_set, intervals
 
   def packed_bytes(self) -> int:
     """The size of the block XLA lays this program's temporaries out in:
