@@ -35,6 +35,7 @@ from remat_toolkit._src.analysis import report as _report
 from remat_toolkit._src.analysis.peak import StepBuilder
 from remat_toolkit._src.analysis.peak import program_peak
 from remat_toolkit._src.analysis.trace import TracedProgram
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.policy import Policy
@@ -64,7 +65,8 @@ def analyze(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   Raises:
     ValueError: unknown policy name, an offloading policy this JAX cannot
       run now (under ``jax_remat3``), non-scalar loss, no float argument.
-    TypeError: a policy of the wrong type, or a non-array argument.
+    TypeError: a policy of the wrong type, a non-array argument, or
+      ``compile`` not True or False.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -82,6 +84,7 @@ def analyze(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
     ...            ).activation_bytes
     128
   """
+  check_flag("compile", compile)
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   report = _report.build_report(TracedProgram(fn, args), resolved,
                                 compile=compile)
@@ -119,7 +122,8 @@ def compare(fn: Callable[..., Any], *args: Any,
     ValueError: an unknown policy name, non-scalar loss, no float argument
       (with ``peak``: no floating-point leaf in the first argument).
     TypeError: ``policies`` is one policy rather than a list, or holds
-      something that is not a policy; ``peak`` without arguments.
+      something that is not a policy; ``peak`` without arguments;
+      ``compile`` or ``peak`` not True or False.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -140,6 +144,8 @@ def compare(fn: Callable[..., Any], *args: Any,
     ...     loss, w, x, policy="boundary-only").bytes
     True
   """
+  check_flag("compile", compile)
+  check_flag("peak", peak)
   if peak and not args:
     raise TypeError("compare(fn, *args, peak=True) needs fn's arguments: the "
                     "parameters first, e.g. rt.compare(loss, params, batch, "

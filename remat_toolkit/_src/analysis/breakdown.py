@@ -32,6 +32,7 @@ import optax
 from remat_toolkit._src.analysis.report import build_report
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.analysis.trace import cpu_scheduler_setting
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.resolve import PolicyLike
@@ -128,7 +129,7 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
     ValueError: unknown policy or optimizer name, an offloading policy this
       JAX cannot run now (under ``jax_remat3``), non-scalar loss.
     TypeError: a policy of the wrong type, a non-array argument, an
-      optimizer without ``init``.
+      optimizer without ``init``, ``compile`` not True or False.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -143,6 +144,7 @@ def memory_breakdown(fn: Callable[..., Any], params: Any, *batch: Any,
     >>> b.param_bytes, b.activation_bytes, b.boundary_only_bytes
     (256, 128, 0)
   """
+  check_flag("compile", compile)
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   opt, opt_name = (None, None) if optimizer is None else resolve_optimizer(optimizer)
   program = TracedProgram(fn, (params, *batch))

@@ -43,6 +43,7 @@ from remat_toolkit._src.analysis.breakdown import resolve_optimizer
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.analysis.trace import cpu_scheduler_setting
 from remat_toolkit._src.core import compat
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.format import format_bytes
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies.findings import Finding
@@ -93,7 +94,7 @@ def peak(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
       JAX cannot run now (under ``jax_remat3``), non-scalar loss, no float
       argument.
     TypeError: a policy of the wrong type, a non-array argument, an
-      optimizer without ``init``.
+      optimizer without ``init``, ``compile`` not True or False.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -110,6 +111,7 @@ def peak(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
     >>> sorted(p.by_phase())[:2]
     ['backward transient', 'gradient']
   """
+  check_flag("compile", compile)
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   opt = None if optimizer is None else resolve_optimizer(optimizer)
   if not args:

@@ -52,6 +52,7 @@ from remat_toolkit._src.analysis.report import program_findings
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.core import compat
 from remat_toolkit._src.core import jaxpr as _jaxpr
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.inputs import concrete_leaves as _concrete_leaves
 from remat_toolkit._src.core.inputs import random_inputs
 from remat_toolkit._src.policies import findings
@@ -299,8 +300,9 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
     ValueError: unknown policy name, non-scalar loss, no float argument, an
       offloading policy under ``jax_remat3``, or (``strict=True``) any
       problem found, all listed.
-    TypeError: a policy of the wrong type, a non-array argument, or
-      tolerances that are not numbers.
+    TypeError: a policy of the wrong type, a non-array argument,
+      tolerances that are not numbers, or ``strict`` or ``check_values``
+      not True or False.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -316,6 +318,8 @@ def verify(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
     (True, True, 'random (seed=0)', 128)
   """
   _check_options(rtol, atol, seed)
+  check_flag("strict", strict)
+  check_flag("check_values", check_values)
   resolved = resolve.require_runnable(resolve.resolve_policy(policy))
   program = TracedProgram(fn, args)
   # Per-device shares are no part of a check (they may compile).

@@ -21,18 +21,13 @@ from typing import Any
 
 from remat_toolkit._src.analysis.breakdown import resolve_optimizer
 from remat_toolkit._src.core import compat
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.format import parse_bytes
 from remat_toolkit._src.planning.choices import OFFLOADING
 from remat_toolkit._src.policies.policy import unrunnable_reason
 from remat_toolkit._src.results.planning import PEAK
 
-__all__ = ["check_flag", "check_rates", "check_search", "check_peak_options"]
-
-
-def check_flag(label: str, value: Any) -> None:
-  """Refuses ``value`` unless it is True or False (``label`` names it)."""
-  if not isinstance(value, bool):
-    raise TypeError(f"{label} must be True or False, got {value!r}.")
+__all__ = ["check_rates", "check_search", "check_peak_options"]
 
 
 def check_rates(allow_offload: Any, host_bandwidth: Any,

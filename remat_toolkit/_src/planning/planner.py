@@ -64,9 +64,9 @@ import jax
 from remat_toolkit._src.analysis.breakdown import resolve_optimizer
 from remat_toolkit._src.analysis.report import program_findings
 from remat_toolkit._src.analysis.trace import TracedProgram
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.format import format_bytes
 from remat_toolkit._src.core.format import parse_bytes
-from remat_toolkit._src.planning.checks import check_flag
 from remat_toolkit._src.planning.checks import check_peak_options
 from remat_toolkit._src.planning.checks import check_rates
 from remat_toolkit._src.planning.checks import check_search
