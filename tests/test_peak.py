@@ -144,6 +144,11 @@ def test_renders_as_text_html_json_and_rows():
   p = rt.peak(loss, PARAMS, X, policy="save-ffn")
   text = str(p)
   assert "predicted" in text and p.when in text
+  # Uncompiled, the report says how to check the prediction; compiled, it
+  # shows XLA's figure instead.
+  assert "not compiled: compile=True" in text
+  compiled = str(rt.peak(loss, PARAMS, X, policy="save-ffn", compile=True))
+  assert "XLA's figure" in compiled and "not compiled" not in compiled
   assert "<table" in p._repr_html_()
   data = json.loads(p.to_json())
   assert data["bytes"] == p.bytes and data["by_phase"] == p.by_phase()

@@ -35,6 +35,11 @@ def peak_summary(result: Peak) -> list[str]:
         f"XLA's figure (compiled; argument + output + temp - alias): "
         f"{fmt.format_bytes(result.xla_bytes)}, prediction "
         f"{result.error:+.1%}; XLA_FLAGS={flags}")
+  else:
+    # The walk follows the program's order, not XLA's schedule (far apart
+    # on some unrolled programs): say how to check it.
+    lines.append("not compiled: compile=True (--compile) adds XLA's own "
+                 "figure and the buffers live at its peak")
   lines.extend(f"warning: {w}" for w in result.warnings)
   return lines
 
