@@ -130,6 +130,14 @@ CASES = [
     Case("memory_breakdown", "no floating-point argument",
          lambda: rt.memory_breakdown(int_loss, W_INT, X_INT), ValueError,
          (r"floating-point", r"pass the parameters")),
+    # The parameters are checked before fn is traced: an integer in their
+    # place would fail inside fn, in JAX's words.
+    Case("peak", "an integer where the parameters go",
+         lambda: rt.peak(good_loss, 3, X), ValueError,
+         (r"first argument", r"floating-point", r"pass the parameters first")),
+    Case("compare", "peak=True, integer parameters",
+         lambda: rt.compare(good_loss, W_INT, X, peak=True), ValueError,
+         (r"first argument", r"floating-point", r"pass the parameters first")),
     Case("analyze", "argument leaf is a string",
          lambda: rt.analyze(good_loss, W, "x"), TypeError,
          (r"'x'", r"ShapeDtypeStruct", r"functools\.partial")),

@@ -34,6 +34,7 @@ import jax
 from remat_toolkit._src.analysis import report as _report
 from remat_toolkit._src.analysis.peak import StepBuilder
 from remat_toolkit._src.analysis.peak import program_peak
+from remat_toolkit._src.analysis.peak import require_float_leaf
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.policies import resolve
@@ -150,6 +151,8 @@ def compare(fn: Callable[..., Any], *args: Any,
     raise TypeError("compare(fn, *args, peak=True) needs fn's arguments: the "
                     "parameters first, e.g. rt.compare(loss, params, batch, "
                     "peak=True).")
+  if peak:
+    require_float_leaf(args[0])
   chosen = resolve.resolve_policies(policies)
   runnable, skipped = resolve.split_runnable(chosen)
   program = TracedProgram(fn, args)

@@ -56,7 +56,7 @@ from remat_toolkit._src.results.peak import LiveTensor
 from remat_toolkit._src.results.peak import Peak
 from remat_toolkit._src.results.peak import XlaBuffer
 
-__all__ = ["peak", "program_peak", "StepBuilder"]
+__all__ = ["peak", "program_peak", "StepBuilder", "require_float_leaf"]
 
 _CPU_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
@@ -117,11 +117,34 @@ def peak(fn: Callable[..., Any], *args: Any, policy: PolicyLike = None,
   if not args:
     raise TypeError("peak(fn, *args) needs fn's arguments: the parameters "
                     "first, e.g. rt.peak(loss, params, batch).")
+  require_float_leaf(args[0])
   program = TracedProgram(fn, args)
   builder = StepBuilder(program, len(jax.tree_util.tree_leaves(args[0])), opt)
   result = program_peak(builder, resolved, compile=compile)
   warn_once(result.warnings)
   return result
+
+
+def require_float_leaf(params: Any) -> None:
+  """Refuses a first argument with no floating-point leaf before ``fn`` is
+  traced: tracing would fail inside ``fn`` (an integer where a matrix is
+  multiplied), in JAX's words rather than with the fix. A leaf that is not
+  an array is left to the trace, which names it."""
+  dtypes = []
+  for leaf in jax.tree_util.tree_leaves(params):
+    try:
+      dtypes.append(jnp.result_type(leaf))
+    except TypeError:
+      return
+  if not any(jnp.issubdtype(d, jnp.inexact) for d in dtypes):
+    raise _no_float_leaf()
+
+
+def _no_float_leaf() -> ValueError:
+  return ValueError(
+      "The first argument of fn has no floating-point leaf, so the step has "
+      "no gradient to take; pass the parameters first "
+      "(rt.peak(loss, params, batch)).")
 
 
 class StepBuilder:
@@ -141,10 +164,7 @@ class StepBuilder:
     self._params = [k for k in range(num_params)
                     if jnp.issubdtype(leaves[k].dtype, jnp.inexact)]
     if not self._params:
-      raise ValueError(
-          "The first argument of fn has no floating-point leaf, so the step "
-          "has no gradient to take; pass the parameters first "
-          "(rt.peak(loss, params, batch)).")
+      raise _no_float_leaf()
     self._optimizer = optimizer
     self._opt_state = None
     if optimizer is not None:
