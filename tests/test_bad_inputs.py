@@ -332,6 +332,12 @@ CASES = [
     Case("bench", "unknown policy",
          lambda: rt.bench("tiny", policies=["nope"], progress=False),
          ValueError, (r"'nope'", r"Valid names: boundary-only")),
+    Case("bench", "progress='no'",
+         lambda: rt.bench("tiny", steps=1, progress="no"), TypeError,
+         (r"progress", r"'no'", r"True or False")),
+    Case("largest_batch", "progress=0",
+         lambda: rt.largest_batch("tiny", budget="1GiB", progress=0), TypeError,
+         (r"progress", r"\b0\b", r"True or False")),
     Case("bench", "steps=0", lambda: rt.bench("tiny", steps=0, progress=False),
          ValueError, (r"\b0\b", r"at least 1")),
     # ---- built-in models

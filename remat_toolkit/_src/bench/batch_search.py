@@ -30,6 +30,7 @@ from remat_toolkit._src.bench.workload import Workload
 from remat_toolkit._src.bench.workload import build_options
 from remat_toolkit._src.bench.workload import build_workload
 from remat_toolkit._src.bench.workload import check_positive_int
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.format import parse_bytes
 from remat_toolkit._src.core.progress import Deadline
 from remat_toolkit._src.core.progress import Progress
@@ -255,7 +256,8 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
       ``max_batch < 1``. A policy that cannot run on this JAX (offloading
       under ``jax_remat3``) is listed in ``skipped`` and warned about
       instead.
-    TypeError: a model or argument of the wrong kind.
+    TypeError: a model or argument of the wrong kind, or ``progress`` not
+      True or False.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -271,6 +273,7 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
   """
   budget_bytes = parse_bytes(budget)
   check_positive_int("max_batch", max_batch)
+  check_flag("progress", progress)
   deadline = Deadline(time_limit_s)
   chosen = policies_to_run(policies)
   build = build_options(seq=seq, dtype=dtype, scan=scan, group=group,

@@ -52,6 +52,7 @@ from remat_toolkit._src.bench.workload import check_divides
 from remat_toolkit._src.bench.workload import check_positive_int
 from remat_toolkit._src.bench.workload import grad_accum_values
 from remat_toolkit._src.core import compat
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.progress import Deadline
 from remat_toolkit._src.core.progress import Progress
 from remat_toolkit._src.core.progress import one_line
@@ -173,7 +174,8 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
   Raises:
     ValueError: an unknown policy, ``steps < 1``, ``warmup < 0``, a batch
       that ``grad_accum`` does not divide, or options that do not apply.
-    TypeError: a model or argument of the wrong kind.
+    TypeError: a model or argument of the wrong kind, or ``progress`` not
+      True or False.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -192,6 +194,7 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
   """
   check_positive_int("steps", steps)
   check_positive_int("warmup", warmup, minimum=0)
+  check_flag("progress", progress)
   deadline = Deadline(time_limit_s)
   accums = grad_accum_values(grad_accum)
   chosen = policies_to_run(policies)
