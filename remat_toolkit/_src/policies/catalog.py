@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.policies.policy import BASELINES
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.policy import install_name_lookup
@@ -269,6 +270,7 @@ def load_policies(path: str | os.PathLike, *, override: bool = False
     >>> rt.get_policy("keep_q").save
     ('attn.q',)
   """
+  check_flag("override", override)
   _REGISTRY._ensure_loaded()
   items = _read_path(Path(path))
   _REGISTRY.add(items, override=override)
@@ -299,6 +301,7 @@ def register_policy(policy: Any, *, override: bool = False) -> Policy:
     >>> "keep-ffn-up" in rt.list_policies()
     True
   """
+  check_flag("override", override)
   resolved = _policy_argument("register_policy", policy)
   _REGISTRY._ensure_loaded()
   _REGISTRY.add([(resolved, "python")], override=override)

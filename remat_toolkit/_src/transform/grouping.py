@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 from typing import cast
 
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.policies.resolve import PolicyLike
 from remat_toolkit._src.transform import remat as transform
 from remat_toolkit._src.transform import scan_runs
@@ -241,6 +242,7 @@ def remat_chain(layers: Sequence[Callable[..., Any]], x: Any, *,
     >>> Stack().apply(params, x).shape
     (2, 3)
   """
+  check_flag("prevent_cse", prevent_cse)
   policy = transform.validate_policy(policy, "remat_chain")
   layers = _check_layers(layers)
   size = group_size(group, len(layers))
@@ -423,6 +425,7 @@ def scan_layers(block_cls: type, length: int, *,
   """
   from flax import linen as nn
 
+  check_flag("remat", remat)
   if _is_nnx_class(block_cls):
     return _nnx_scan_layers(block_cls, length, policy=policy, group=group,
                             remat=remat)

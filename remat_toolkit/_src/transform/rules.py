@@ -29,6 +29,7 @@ from typing import TypeVar
 import jax
 
 from remat_toolkit._src.core import compat
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.globs import glob_match
 from remat_toolkit._src.policies import resolve
 from remat_toolkit._src.policies import tags
@@ -568,6 +569,8 @@ def remat_modules(model: _Model, rules: Mapping[str, PolicyLike] | None = None,
   """
   from flax import linen as nn
   from flax import nnx
+  check_flag("tag_outputs", tag_outputs)
+  check_flag("strict", strict)
   checked = None if rules is None else _validate_rules(rules)
   if isinstance(model, nn.Module):
     if model.scope is not None:
