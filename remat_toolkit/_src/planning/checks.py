@@ -33,8 +33,7 @@ __all__ = ["check_rates", "check_search", "check_peak_options"]
 def check_rates(allow_offload: Any, host_bandwidth: Any,
                 device_flops: Any) -> None:
   """Refuses offloading where it cannot run, and rates that are not positive."""
-  if not isinstance(allow_offload, bool):
-    raise TypeError(f"allow_offload must be True or False, got {allow_offload!r}.")
+  check_flag("allow_offload", allow_offload)
   if allow_offload and unrunnable_reason(OFFLOADING) is not None:
     raise ValueError(
         f"allow_offload=True cannot be planned: {compat.offloading_refusal()}; "

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
+from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.core.format import format_bytes
 from remat_toolkit._src.core.format import parse_bytes
 from remat_toolkit._src.core.pareto import pareto_flags
@@ -77,8 +78,7 @@ def frontier(fn: Callable[..., Any], *args: Any,
     >>> [(p.label, p.recompute_flops, p.on_frontier) for p in f.points]
     [('boundary-only', 16384, True), ('plan@2.0 KiB', 0, True)]
   """
-  if not isinstance(per_layer, bool):
-    raise TypeError(f"per_layer must be True or False, got {per_layer!r}.")
+  check_flag("per_layer", per_layer)
   planner = Planner(fn, *args)
   chosen = resolve.resolve_policies(policies, default=_default_policies())
   runnable, skipped = resolve.split_runnable(chosen)
