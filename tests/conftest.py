@@ -27,11 +27,19 @@ def pytest_collection_modifyitems(config, items):
   """Marks tests that run under both remat modes themselves as both_modes.
 
   They do the same whatever ``JAX_REMAT3`` says, so CI's second pass
-  (``JAX_REMAT3=1 -m "not both_modes and not slow"``) leaves them out.
+  (``JAX_REMAT3=1 -m "not both_modes and not pins_mode and not slow"``)
+  leaves them out, as it leaves out the tests marked ``pins_mode`` by hand
+  (each sets one mode around all it checks). A test cannot be both: one
+  that takes ``remat_mode`` runs in each mode, and pinning it would be wrong.
   """
   del config
   for item in items:
-    if "remat_mode" in getattr(item, "fixturenames", ()):
+    both = "remat_mode" in getattr(item, "fixturenames", ())
+    if both and item.get_closest_marker("pins_mode") is not None:
+      raise pytest.UsageError(
+          f"{item.nodeid} takes the remat_mode fixture and is marked "
+          "pins_mode: drop the mark (the fixture runs it in both modes).")
+    if both:
       item.add_marker(pytest.mark.both_modes)
 
 

@@ -226,6 +226,7 @@ def test_save_attention_keeps_the_flash_output_and_statistics(
     assert not honoured  # remat3 treats a custom_vjp as opaque
 
 
+@pytest.mark.pins_mode
 def test_every_policy_that_keeps_the_context_keeps_the_kernel_statistics():
   keeping = [p for p in rt.list_policies()
              if "attn.context" in rt.get_policy(p).expand()[0]]
@@ -240,6 +241,7 @@ def test_every_policy_that_keeps_the_context_keeps_the_kernel_statistics():
       assert len(_context_residuals(fn, args, policy)) == 4, policy
 
 
+@pytest.mark.pins_mode
 def test_a_policy_naming_only_the_context_is_not_reported_as_keeping_nothing():
   # The names a custom_vjp's forward rule holds count as the region's names.
   with remat3(False), warnings.catch_warnings():
@@ -251,6 +253,7 @@ def test_a_policy_naming_only_the_context_is_not_reported_as_keeping_nothing():
     assert not [w for w in report.warnings if "keeps none of its names" in w]
 
 
+@pytest.mark.pins_mode
 def test_the_flash_forward_is_not_run_again_under_save_attention():
   with remat3(False):
     fn, args = models.build_loss("tiny", attention="flash")
@@ -259,6 +262,7 @@ def test_the_flash_forward_is_not_run_again_under_save_attention():
     assert backward_scans(fn, args, "boundary-only") == 4
 
 
+@pytest.mark.pins_mode
 @pytest.mark.parametrize("inside", [True, False],
                          ids=["named-inside", "output-named"])
 def test_only_names_inside_the_forward_spare_the_kernel_a_rerun(inside):

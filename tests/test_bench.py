@@ -288,6 +288,7 @@ def test_largest_batch_takes_any_policy_like():
   assert len(search.fits) == 2 and next(iter(search.fits)) == "save-everything"
 
 
+@pytest.mark.pins_mode
 def test_an_offloading_policy_that_cannot_run_is_skipped_with_the_one_message():
   with remat3(True):
     if not offloading_unsupported():

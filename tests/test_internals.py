@@ -37,6 +37,7 @@ cp = jax.checkpoint_policies
 
 # ---------------------------------------------------------------- shared bodies
 
+@pytest.mark.pins_mode
 @pytest.mark.parametrize("framework, layer", [("linen", "layers_{}/attn"),
                                               ("nnx", "layers/{}/attn")])
 def test_identical_layers_share_one_body_without_changing_the_report(
@@ -109,6 +110,7 @@ def test_a_raw_jax_policy_shares_no_step():
     assert calls["asked"] == asked
 
 
+@pytest.mark.pins_mode
 def test_walks_of_shared_bodies_find_what_every_walk_finds():
   """parameter_vars and argument_positions skip a walk of a shared body
   that cannot add anything: the result is the walk-every-time one."""

@@ -267,6 +267,7 @@ def test_names_with_glob_characters_are_matched_literally(remat_mode):
   assert {r.name for r in p.report.activations if r.name} == {"mlp[0]*"}
 
 
+@pytest.mark.pins_mode
 def test_offload_is_a_third_choice_costed_by_bandwidth():
   with remat3(False):
     lo = rt.analyze(small_loss, *SMALL_ARGS, policy="boundary-only").activation_bytes

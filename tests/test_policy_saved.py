@@ -306,6 +306,7 @@ def test_offload_matmuls_no_batch_moves_the_unbatched_dots_to_host():
   assert sorted(r.shape for r in host) == sorted(r.shape for r in kept)
 
 
+@pytest.mark.pins_mode
 def test_offloaded_gradients_run_on_this_backend():
   with remat3(False):
     policy = rt.get_policy("offload-projections").to_jax()

@@ -166,6 +166,7 @@ def test_inputs_arriving_through_a_jit_stay_on_the_device_and_it_is_said():
     assert not [w for w in whole.warnings if w.kind == "inputs-unseen"]
 
 
+@pytest.mark.pins_mode
 def test_a_region_fed_only_arguments_does_not_warn_it_matched_nothing():
   import warnings
   with remat3(False), warnings.catch_warnings():
@@ -199,6 +200,7 @@ class _Model(nn.Module):
     return x
 
 
+@pytest.mark.pins_mode
 def test_a_model_that_tags_nothing_offloads_its_layer_inputs():
   model = rt.remat_modules(_Model())
   params = model.init(jax.random.key(0), X)
@@ -232,6 +234,7 @@ class _ScanBlock(nn.Module):
     return x + nn.Dense(4)(nn.gelu(nn.Dense(16)(x)))
 
 
+@pytest.mark.pins_mode
 def test_scanned_layers_offload_their_stacked_inputs():
   model = rt.scan_layers(_ScanBlock, 3)()
   params = model.init(jax.random.key(0), X)
@@ -259,6 +262,7 @@ class _SelfRematModel(nn.Module):
     return x
 
 
+@pytest.mark.pins_mode
 def test_repolicy_names_the_inputs_of_a_model_that_remats_itself():
   model = _SelfRematModel()
   params = model.init(jax.random.key(0), X)
@@ -281,6 +285,7 @@ def test_repolicy_names_the_inputs_of_a_model_that_remats_itself():
     assert not any(r.name == "block.input" for r in plain)
 
 
+@pytest.mark.pins_mode
 def test_the_planner_offloads_region_inputs_to_meet_a_budget():
   model = rt.remat_modules(_Model())
   params = model.init(jax.random.key(0), X)
