@@ -68,6 +68,10 @@ test using a name outside its module's ``__all__``.
   products, loop conversions, the layout of temporaries), each switched on
   and off as the compatibility layer's probes would, which no result can do
   on one JAX release.
+- ``test_xla_buffers.py``: ``analysis.xla_buffers`` -- white-box: the reading
+  of XLA's compiled text, on a hand-written module whose instructions XLA
+  made without op metadata (a fusion, a convert), which a small program's
+  compile may not produce on every release.
 - ``test_verify.py``: ``analysis.verify`` -- white-box: the norm-wise gradient
   comparison, whose edge cases (NaN, zero leaves) no small model reaches.
 - ``test_warnings.py``: ``policies.findings`` -- white-box: the one switch that

@@ -273,7 +273,7 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
   xla_bytes = xla_live = flags = None
   if compile:
     xla_bytes, xla_live, xla_flops, found = _compiled(step, args, donate,
-                                                      policy)
+                                                      policy, program.root)
     flags = os.environ.get("XLA_FLAGS", "")
     found += _merged_recompute(program, policy, xla_flops)
   result = Peak(policy=policy.name, bytes=predicted.bytes, live=live,
@@ -306,10 +306,11 @@ def _clean_path(path: str, root: str) -> str:
 
 
 def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
-              policy: Policy
+              policy: Policy, root: str
               ) -> tuple[int, tuple[XlaBuffer, ...], float | None, list[Finding]]:
-  """XLA's figure, its buffers live at its peak, the FLOPs it counts in the
-  compiled step, and what it says of itself."""
+  """XLA's figure, its buffers live at its peak (module paths as ``live``
+  gives them), the FLOPs it counts in the compiled step, and what it says of
+  itself."""
   lowered = jax.jit(step, donate_argnums=donate).lower(*args)
   compiled, scheduled = xla_buffers.compile_with_buffers(lowered)
   stats = compiled.memory_analysis()
@@ -320,7 +321,9 @@ def _compiled(step: Callable, args: Sequence[Any], donate: tuple[int, ...],
         "compile=True and use the prediction.")
   total = int(stats.argument_size_in_bytes + stats.output_size_in_bytes
               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
-  buffers = list(scheduled.live)
+  buffers = [b if b.phase == "argument" else
+             dataclasses.replace(b, module_path=_clean_path(b.module_path, root))
+             for b in scheduled.live]
   listed = sum(b.nbytes for b in buffers)
   if listed != total:
     # So that the list sums to XLA's figure: XLA's temporary allocation holds

@@ -46,10 +46,13 @@ _CALLED = re.compile(
     r"(?:calls|body|to_apply|true_computation|false_computation)=%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+# How far an unnamed instruction is followed back through its operands.
+_OPERAND_DEPTH = 4
 # Transform wrappers in a JAX op name, which name no module.
 _WRAPPER = re.compile(r"^(jit|pjit|jvp|transpose|vmap|checkpoint|remat|"
                       r"rematted_computation|custom_jvp_call|custom_vjp_call|"
-                      r"while|body|cond|scan|closed_call|core_call)(\(.*\))?$")
+                      r"while|body|cond|scan|closed_call|core_call|"
+                      r"eval_jaxpr)(\(.*\))?$")
 
 
 def shape_bytes(shape: str) -> int:
@@ -172,7 +175,8 @@ def describe_op_name(op_name: str) -> tuple[str, str, str]:
   parts = [p for p in op_name.split("/") if p]
   backward = any(p.startswith("transpose(") for p in parts)
   primitive = parts[-1] if parts else ""
-  scopes = [p for p in parts[:-1] if not _WRAPPER.match(p)]
+  # jnp.einsum is a call named by its spec ("bhqk,bkhd->bqhd"): no module.
+  scopes = [p for p in parts[:-1] if not _WRAPPER.match(p) and "->" not in p]
   return ("backward" if backward else "forward"), "/".join(scopes), primitive
 
 
@@ -239,7 +243,7 @@ def scheduled_peak(hlo_text: str, live_range_text: str = "") -> ScheduledPeak:
                           "argument", _argument_path(i.name), "parameter"))
   out_names = {i.name for i in outputs}
   for i in outputs:
-    _, path, prim = describe_op_name(i.op_name)
+    _, path, prim = describe_op_name(_op_name(i, comps, by_name))
     live.append(XlaBuffer(i.name, _plain(i.shape), shape_bytes(i.shape),
                           "output", path, prim or i.opcode))
   param_names = {i.name for i in params}
@@ -249,7 +253,8 @@ def scheduled_peak(hlo_text: str, live_range_text: str = "") -> ScheduledPeak:
     if name in param_names or name in out_names:
       continue
     instr = by_name.get(name)
-    phase, path, prim = describe_op_name(instr.op_name if instr else "")
+    phase, path, prim = describe_op_name(
+        _op_name(instr, comps, by_name) if instr else "")
     shape = _plain(tuple_element(instr.shape, index)) if instr else ""
     label = f"{name}{{{index}}}" if index else name
     live.append(XlaBuffer(label, shape, size, phase, path,
@@ -261,6 +266,34 @@ def scheduled_peak(hlo_text: str, live_range_text: str = "") -> ScheduledPeak:
       live=tuple(live), argument_bytes=sum(b.nbytes for b in live[:len(params)]),
       output_bytes=sum(b.nbytes for b in live if b.phase == "output"),
       temp_bytes=temp, instruction=first, rematerialized=remat)
+
+
+def _op_name(instr: _Instr, comps: dict[str, list[_Instr]],
+             by_name: dict[str, _Instr], depth: int = 0) -> str:
+  """The op name JAX wrote for ``instr``, or what it computes where XLA left
+  none: an instruction XLA made (a fusion, a copy, a convert it added)
+  carries no metadata, but the fused computation it calls does (its root, or
+  the named instruction nearest the root), and a copy or convert is its
+  operand's. Without this a backward fusion reads as a forward buffer of no
+  module."""
+  if instr.op_name:
+    return instr.op_name
+  for called in instr.called:
+    body = comps.get(called, [])
+    root = next((i for i in body if i.root), None)
+    if root is not None and root.op_name:
+      return root.op_name
+    named = next((i.op_name for i in reversed(body) if i.op_name), "")
+    if named:
+      return named
+  if depth < _OPERAND_DEPTH:
+    for operand in instr.operands:
+      source = by_name.get(operand)
+      if source is not None and source.opcode != "parameter":
+        found = _op_name(source, comps, by_name, depth + 1)
+        if found:
+          return found
+  return ""
 
 
 def _root_buffers(root: _Instr | None, by_name: dict[str, _Instr]

@@ -1,0 +1,74 @@
+"""XLA's buffers at its peak (``rt.peak(..., compile=True).xla_live``), each
+described by the module and pass that made it, as ``live`` describes the
+prediction's."""
+
+import textwrap
+
+import jax
+
+import remat_toolkit as rt
+from remat_toolkit import models
+from remat_toolkit._src.analysis import xla_buffers
+
+# A compiled step as ``compiled.as_text()`` writes it, cut to what matters:
+# XLA's own instructions (a loop fusion, a convert it added) carry no op
+# metadata; the fused computation and the convert's operand do. @B and @F
+# stand for the backward and forward passes' op-name prefixes.
+_HLO = textwrap.dedent("""\
+    HloModule jit_step
+
+    %fused_computation.1 (param_0.1: f32[4,8]) -> f32[4,8] {
+      %param_0.1 = f32[4,8]{1,0} parameter(0)
+      %e.1 = f32[4,8]{1,0} exponential(%param_0.1)
+      ROOT %mul.1 = f32[4,8]{1,0} multiply(%e.1, %param_0.1), @M
+    }
+
+    ENTRY %main.2 (p_0_.1: f32[4,8]) -> (f32[4,8]) {
+      %p_0_.1 = f32[4,8]{1,0} parameter(0)
+      %sin.1 = f32[4,8]{1,0} sine(%p_0_.1), metadata={op_name="@F/layers_0/attn/sin"}
+      %wrapped_convert.1 = bf16[4,8]{1,0} convert(%sin.1)
+      %multiply_fusion = f32[4,8]{1,0} fusion(%sin.1), kind=kLoop, calls=%fused_computation.1
+      %cos.1 = f32[4,8]{1,0} cosine(%multiply_fusion), metadata={op_name="@B/layers_0/attn/cos"}
+      ROOT %tuple.1 = (f32[4,8]{1,0}) tuple(%cos.1)
+    }
+    """).replace("@M", 'metadata={op_name="@B/layers_0/mlp/mul"}').replace(
+        "@B", "jit(step)/transpose(jvp(Model))").replace(
+        "@F", "jit(step)/jvp(Model)")
+_LIVE_RANGES = textwrap.dedent("""\
+    Live ranges at 3 (peak):
+      wrapped_convert.1{}: 64 bytes
+      multiply_fusion{}: 128 bytes
+    """)
+
+
+def test_an_instruction_xla_made_is_described_by_what_it_computes():
+  """A fusion is its fused computation's root (here a backward multiply),
+  a convert XLA added is its operand (a forward sine): neither reads as a
+  forward buffer of no module."""
+  peak = xla_buffers.scheduled_peak(_HLO, _LIVE_RANGES)
+  found = {b.instruction: (b.phase, b.module_path, b.primitive)
+           for b in peak.live}
+  assert found["multiply_fusion"] == ("backward", "layers_0/mlp", "mul")
+  assert found["wrapped_convert.1"] == ("forward", "layers_0/attn", "sin")
+  assert found["cos.1"] == ("output", "layers_0/attn", "cos")
+  assert peak.temp_bytes == 64 + 128
+
+
+def test_xla_buffers_name_the_models_own_modules():
+  """Each buffer XLA holds at its peak names a module of the model, as the
+  prediction's ``live`` does: the remat region's scope, which JAX writes
+  twice in an op name (``layers_0/jvp(GPT)/layers_0/mlp``), said once, and
+  an einsum's spec, which names no module, left out."""
+  fn, args = models.build_loss("tiny")
+  p = rt.peak(fn, *args, policy="boundary-only", compile=True)
+  params = args[0]
+  modules = set()
+  for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+    keys = [k for k in keys if k not in ("params", "value")]
+    modules |= {"/".join(keys[:n]) for n in range(1, len(keys))}
+  modules.add("embed.attend")  # the embedding's method, the tied output layer
+  named = {b.module_path for b in p.xla_live
+           if b.phase in ("forward", "backward") and b.module_path}
+  assert named, p.xla_live
+  assert named <= modules, sorted(named - modules)
