@@ -4,7 +4,9 @@ prediction's."""
 
 import textwrap
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 import remat_toolkit as rt
 from remat_toolkit import models
@@ -25,7 +27,7 @@ _HLO = textwrap.dedent("""\
 
     ENTRY %main.2 (p_0_.1: f32[4,8]) -> (f32[4,8]) {
       %p_0_.1 = f32[4,8]{1,0} parameter(0)
-      %sin.1 = f32[4,8]{1,0} sine(%p_0_.1), metadata={op_name="@F/layers_0/attn/sin"}
+      %sin.1 = f32[4,8]{1,0} sine(%p_0_.1), metadata={op_name="@F/layers_0/jvp(attn)/jit(_w)/sin"}
       %wrapped_convert.1 = bf16[4,8]{1,0} convert(%sin.1)
       %multiply_fusion = f32[4,8]{1,0} fusion(%sin.1), kind=kLoop, calls=%fused_computation.1
       %cos.1 = f32[4,8]{1,0} cosine(%multiply_fusion), metadata={op_name="@B/layers_0/attn/cos"}
@@ -44,13 +46,16 @@ _LIVE_RANGES = textwrap.dedent("""\
 def test_an_instruction_xla_made_is_described_by_what_it_computes():
   """A fusion is its fused computation's root (here a backward multiply),
   a convert XLA added is its operand (a forward sine): neither reads as a
-  forward buffer of no module."""
+  forward buffer of no module. Transforms unwrap to the scope they wrap
+  (``jvp(attn)``: remat3 writes a region's module so); a jitted call's
+  name is no module. The model's own scope (``Model``) stays: ``rt.peak``
+  drops it, as from ``live``."""
   peak = xla_buffers.scheduled_peak(_HLO, _LIVE_RANGES)
   found = {b.instruction: (b.phase, b.module_path, b.primitive)
            for b in peak.live}
-  assert found["multiply_fusion"] == ("backward", "layers_0/mlp", "mul")
-  assert found["wrapped_convert.1"] == ("forward", "layers_0/attn", "sin")
-  assert found["cos.1"] == ("output", "layers_0/attn", "cos")
+  assert found["multiply_fusion"] == ("backward", "Model/layers_0/mlp", "mul")
+  assert found["wrapped_convert.1"] == ("forward", "Model/layers_0/attn", "sin")
+  assert found["cos.1"] == ("output", "Model/layers_0/attn", "cos")
   assert peak.temp_bytes == 64 + 128
 
 
@@ -71,4 +76,66 @@ def test_xla_buffers_name_the_models_own_modules():
   named = {b.module_path for b in p.xla_live
            if b.phase in ("forward", "backward") and b.module_path}
   assert named, p.xla_live
+  assert named <= modules, sorted(named - modules)
+
+
+class _Layer(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + jnp.tanh(nn.Dense(x.shape[-1], name="dense")(x))
+
+
+class _Layers(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for j in range(2):
+      x = _Layer(name=str(j))(x)
+    return x
+
+
+class _Block(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return _Layers(name="layer")(x)
+
+
+class _Blocks(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for i in range(2):
+      x = rt.remat(_Block)(name=str(i))(x)
+    return x
+
+
+class _T5Like(nn.Module):
+  """T5's module tree: ``block/0/layer/0/...``, the same name at two depths."""
+
+  @nn.compact
+  def __call__(self, x):
+    return _Blocks(name="block")(x)
+
+
+def _module_paths(params):
+  paths = set()
+  for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [str(getattr(k, "key", k)) for k in path][1:]  # drop "params"
+    paths |= {"/".join(keys[:n]) for n in range(1, len(keys))}
+  return paths
+
+
+def test_a_name_met_again_deeper_is_not_taken_for_a_repeat():
+  """``block/0/layer/0/dense`` is a module of its own: the prediction's
+  ``live`` and XLA's buffers name it whole, not ``block/0/dense``."""
+  model = _T5Like()
+  x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+  params = jax.eval_shape(model.init, jax.random.key(0), x)
+  modules = _module_paths(params)
+  assert "block/1/layer/1/dense" in modules
+  loss = lambda params, x: jnp.mean(model.apply(params, x) ** 2)  # noqa: E731
+  p = rt.peak(loss, params, x, policy="save-everything", compile=True)
+  named = {t.module_path for t in p.live
+           if t.phase not in ("parameter", "input", "gradient") and t.module_path}
+  named |= {b.module_path for b in p.xla_live
+            if b.phase in ("forward", "backward") and b.module_path}
+  assert any("/layer/" in path for path in named), named
   assert named <= modules, sorted(named - modules)

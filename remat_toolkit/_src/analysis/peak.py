@@ -295,13 +295,21 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
 
 def _clean_path(path: str, root: str) -> str:
   """A module path as results show it: the model's root scope dropped, and
-  a scope a call repeated (``layers_1/layers_1/mlp``) said once."""
+  the scopes a call wrote again said once: JAX's op names repeat the path
+  of a region around its body (``layers_1/layers_1/mlp``,
+  ``transformer/h/0/transformer/h/0/mlp``). Only a repeat of the path's own
+  tail goes; a name met again deeper (T5's ``block/0/layer/0``) stays."""
   parts = [p for p in path.split("/") if p and p != root]
   out: list[str] = []
-  for part in parts:
-    if part in out:
-      del out[out.index(part):]
-    out.append(part)
+  i = 0
+  while i < len(parts):
+    repeat = next((len(out) - j for j in range(len(out))
+                   if parts[i:i + len(out) - j] == out[j:]), 0)
+    if repeat:
+      i += repeat
+      continue
+    out.append(parts[i])
+    i += 1
   return "/".join(out)
 
 

@@ -48,11 +48,14 @@ _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 # How far an unnamed instruction is followed back through its operands.
 _OPERAND_DEPTH = 4
-# Transform wrappers in a JAX op name, which name no module.
-_WRAPPER = re.compile(r"^(jit|pjit|jvp|transpose|vmap|checkpoint|remat|"
-                      r"rematted_computation|custom_jvp_call|custom_vjp_call|"
-                      r"while|body|cond|scan|closed_call|core_call|"
-                      r"eval_jaxpr)(\(.*\))?$")
+# Scopes JAX writes itself in an op name (lowering remat, loops, calls, a
+# jitted call's name), which name no module.
+_JAX_SCOPE = re.compile(r"^(jit|pjit|checkpoint|remat|rematted_computation|"
+                        r"custom_jvp_call|custom_vjp_call|while|body|cond|"
+                        r"scan|closed_call|core_call|eval_jaxpr)(\(.*\))?$")
+# A transform applied to the scope it wraps: JAX writes the name stack
+# [jvp, transpose, block_0] as "transpose(jvp(block_0))"; "jvp()" wraps none.
+_TRANSFORM = re.compile(r"^\w+\((.*)\)$")
 
 
 def shape_bytes(shape: str) -> int:
@@ -171,13 +174,25 @@ def _computations(text: str) -> tuple[dict[str, list[_Instr]], str]:
 
 
 def describe_op_name(op_name: str) -> tuple[str, str, str]:
-  """``(phase, module path, primitive)`` of an HLO op name JAX wrote."""
-  parts = [p for p in op_name.split("/") if p]
+  """``(phase, module path, primitive)`` of an HLO op name JAX wrote (of the
+  first, where XLA merged several instructions' names: ``"a/mul;a/add"``)."""
+  parts = [p for p in op_name.split(";")[0].split("/") if p]
   backward = any(p.startswith("transpose(") for p in parts)
   primitive = parts[-1] if parts else ""
-  # jnp.einsum is a call named by its spec ("bhqk,bkhd->bqhd"): no module.
-  scopes = [p for p in parts[:-1] if not _WRAPPER.match(p) and "->" not in p]
-  return ("backward" if backward else "forward"), "/".join(scopes), primitive
+  scopes = [_scope_of(p) for p in parts[:-1]]
+  return ("backward" if backward else "forward"), "/".join(filter(None, scopes)), primitive
+
+
+def _scope_of(part: str) -> str:
+  """The module scope one element of an op name names, or ``""``."""
+  while True:
+    # jnp.einsum is a call named by its spec ("bhqk,bkhd->bqhd"): no module.
+    if _JAX_SCOPE.match(part) or "->" in part:
+      return ""
+    transformed = _TRANSFORM.match(part)
+    if transformed is None:
+      return part
+    part = transformed.group(1)
 
 
 _PEAK_HEADER = re.compile(r"^\s*Live ranges at (\d+) \(peak\):")
