@@ -317,3 +317,41 @@ def test_custom_vjp_rules_read_either_class(custom_vjp3):
   measured = CUSTOM_VJP3_IS_ANOTHER_CLASS.get(_release())
   if custom_vjp3 and measured is not None:
     assert (not isinstance(kernel, jax.custom_vjp)) is measured
+
+
+
+def _sine_kernel(kept):
+  @jax.custom_vjp
+  def kernel(x):
+    return jnp.sin(x)
+  kernel.defvjp(lambda x: (jnp.sin(x), (jnp.cos(x), x)[:kept]),
+                lambda residuals, g: (g * residuals[0],))
+  return kernel
+
+
+@pytest.mark.parametrize("custom_vjp3", [False, True], ids=["cvjp2", "cvjp3"])
+def test_rule_fingerprints_tell_kernels_apart_by_what_they_compute(custom_vjp3):
+  """custom_vjp and custom_jvp calls carry their rules behind JAX's per-call
+  wrappers (or, under jax_custom_vjp3, on their primitive); the fingerprint
+  reaches the rules: one kernel called twice, or made twice alike (a kernel
+  made per layer), fingerprints alike; a kernel whose rules close over
+  another value does not, nor does another custom_jvp function."""
+  if custom_vjp3 and not compat.has_custom_vjp3_flag():
+    pytest.skip("this JAX has no jax_custom_vjp3")
+  before = compat.custom_vjp3_enabled()
+  if compat.has_custom_vjp3_flag():
+    jax.config.update("jax_custom_vjp3", custom_vjp3)
+  try:
+    one, one_again, two = _sine_kernel(1), _sine_kernel(1), _sine_kernel(2)
+    closed = jax.make_jaxpr(lambda x: one(one(x)) + one_again(x) + two(x)
+                            + jax.nn.relu(jax.nn.relu(x)) + jax.nn.softplus(x)
+                            )(jnp.ones(3))
+  finally:
+    if compat.has_custom_vjp3_flag():
+      jax.config.update("jax_custom_vjp3", before)
+  found = [compat.rule_fingerprint(e) for e in _jaxpr.walk(closed.jaxpr)]
+  ruled = [f for f in found if f]
+  assert len(ruled) == 7, found
+  kernels, relus, softplus = ruled[:4], ruled[4:6], ruled[6]
+  assert kernels[0] == kernels[1] == kernels[2] != kernels[3]
+  assert relus[0] == relus[1] != softplus

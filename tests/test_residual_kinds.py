@@ -42,6 +42,34 @@ def literal_loss(x):
   return (rt.remat(jnp.sin)(x) * 3.0).sum()
 
 
+def _sine_kernel(kept):
+  """A ``custom_vjp`` sine whose forward rule keeps ``kept`` arrays."""
+  @jax.custom_vjp
+  def kernel(x):
+    return jnp.sin(x)
+
+  def forward(x):
+    return jnp.sin(x), (jnp.cos(x), x, jnp.tanh(x))[:kept]
+
+  def backward(residuals, g):
+    return (g * residuals[0],)
+
+  kernel.defvjp(forward, backward)
+  return kernel
+
+
+KEEPS_ONE, KEEPS_THREE = _sine_kernel(1), _sine_kernel(3)
+
+
+def two_kernels_loss(x, first=KEEPS_ONE, second=KEEPS_THREE):
+  """Two regions that print alike but call different kernels (one rule's
+  code, closing over different values): each keeps what its own forward
+  rule keeps."""
+  one = rt.remat(lambda h: first(h @ TABLE))
+  other = rt.remat(lambda h: second(h @ TABLE))
+  return other(one(x)).sum()
+
+
 class TableBlock(nn.Module):
   """Linen block that reads a closed-over table, as the library ships it."""
 
@@ -72,6 +100,9 @@ PROGRAMS = {
     "jax.checkpoint": (checkpoint_loss, (X,)),
     "literal": (literal_loss, (X,)),
     "nn.remat": (linen_loss, (PARAMS, X)),
+    "two kernels": (two_kernels_loss, (X,)),
+    "two kernels, swapped": (
+        lambda x: two_kernels_loss(x, KEEPS_THREE, KEEPS_ONE), (X,)),
 }
 
 

@@ -194,9 +194,12 @@ def _share_body(eqn: JaxprEqn, shared: dict[Any, Jaxpr]) -> JaxprEqn:
         compat.drop_leading_scopes(e, min(len(prefix),
                                           len(compat.leading_scopes(e))))
         for e in body.eqns])
-  # A jaxpr's text leaves out its name stacks: two bodies are one only if
-  # every equation also sits in the same module below the region.
-  key = (str(body), tuple(compat.leading_scopes(e) for e in body.eqns))
+  # A jaxpr's text leaves out its name stacks and what its Python rules
+  # compute (two custom_vjp kernels of one primal print alike): two bodies
+  # are one only if every equation also sits in the same module below the
+  # region, and calls the same rules.
+  key = (str(body), tuple(compat.leading_scopes(e) for e in body.eqns),
+         tuple(compat.rule_fingerprint(e) for e in walk(body)))
   canonical = shared.setdefault(key, body)
   moved = compat.prefix_scopes(eqn, prefix)
   return compat.with_remat(moved, canonical, compat.remat_policy_of(eqn))

@@ -97,6 +97,7 @@ from remat_toolkit._src.core.compat.kernels import kernel_name
 from remat_toolkit._src.core.compat.kernels import note_leaf as note_leaf
 from remat_toolkit._src.core.compat.kernels import pallas_cost_flops
 from remat_toolkit._src.core.compat.kernels import pallas_grid_size
+from remat_toolkit._src.core.compat.kernels import rule_fingerprint
 from remat_toolkit._src.core.compat.policies import _policy_classes as _policy_classes
 from remat_toolkit._src.core.compat.policies import jax_policy
 from remat_toolkit._src.core.compat.policies import jax_policy_offloads
@@ -143,6 +144,7 @@ __all__ = [
     "linen_decorator_lift_transform", "call_body", "hidden_jaxprs", "kernel_name",
     "is_custom_vjp_call", "is_pallas_call", "pallas_grid_size", "pallas_cost_flops",
     "custom_vjp_forward", "has_python_transpose", "mark_kernel", "kernel_mark_of",
+    "rule_fingerprint",
     "remat3_sees_into_custom_vjp", "custom_vjp_alignment", "ShardingTypeError",
     "aval_sharding", "pickle_exported", "unpickle_exported", "has_trace_key_context",
     "trace_key", "trace_key_part", "fresh_trace_key", "CustomVJPRules",

@@ -11,12 +11,14 @@ are read here too.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 from typing import NamedTuple
 
 import jax
 from jax._src import core as _core
+from jax._src import linear_util as _lu
 
 from remat_toolkit._src.core.compat.equations import is_remat
 from remat_toolkit._src.core.compat.equations import is_scan
@@ -54,6 +56,7 @@ __all__ = [
     "call_body", "is_leaf", "note_leaf", "hidden_jaxprs", "is_custom_vjp_call",
     "is_pallas_call", "kernel_name", "pallas_grid_size", "pallas_cost_flops",
     "custom_vjp_forward", "has_python_transpose", "CustomVJPRules", "custom_vjp_rules",
+    "rule_fingerprint",
 ]
 
 
@@ -286,3 +289,70 @@ def custom_vjp_rules(fn: Any) -> CustomVJPRules | None:
                           bool(fn.symz), bool(fn.opt_remat),
                           ", ".join(extras) or None)
   return None
+
+
+# ---------------------------------------------------------------- rules
+
+#: How deep :func:`rule_fingerprint` follows functions into closures.
+_RULE_DEPTH = 6
+_PLAIN = (int, float, bool, str, bytes, type(None))
+_RULES = (_lu.WrappedFun, functools.partial, types.FunctionType)
+
+
+def rule_fingerprint(eqn: JaxprEqn) -> tuple[Any, ...]:
+  """What the Python rules ``eqn`` carries compute, as far as its printed
+  text does not say: a ``custom_vjp`` call's forward and backward rules, a
+  ``custom_jvp`` call's JVP rule, a callback's function. Printed, a jaxpr
+  names them (``bwd=flash_bwd``) but does not show them, so two calls of
+  two different ``custom_vjp`` functions with one primal print alike.
+
+  A rule is fingerprinted by its code and the values it closes over, not by
+  identity: a kernel made anew per layer (a ``custom_vjp`` defined inside a
+  function) gives one fingerprint for every layer. JAX's own per-call
+  wrappers are looked through to the rules they wrap. An object that cannot
+  be compared by value counts by identity, so two calls whose rules cannot
+  be told apart are never taken for one. Empty for an equation without
+  rules.
+  """
+  found = []
+  for key, value in sorted(eqn.params.items()):
+    if isinstance(value, _RULES):
+      found.append((key, _fingerprint(value, 0)))
+  prim = _custom_vjp3_of(eqn)
+  if prim is not None:  # a jax_custom_vjp3 call keeps its rules on its primitive
+    found.append(("_prim", tuple(
+        _fingerprint(getattr(prim, rule, None), 0)
+        for rule in ("fwd", "bwd", "remat_rules", "bwd_accums"))))
+  return tuple(found)
+
+
+def _fingerprint(value: Any, depth: int) -> Any:
+  if depth > _RULE_DEPTH:
+    return ("id", id(value))
+  if isinstance(value, _lu.WrappedFun):
+    return ("wrapped", _fingerprint(value.f, depth + 1))
+  if isinstance(value, functools.partial):
+    return ("partial", _fingerprint(value.func, depth + 1),
+            tuple(_fingerprint(a, depth + 1) for a in value.args),
+            tuple(sorted((k, _fingerprint(v, depth + 1))
+                         for k, v in value.keywords.items())))
+  if isinstance(value, types.FunctionType):
+    cells = []
+    for cell in value.__closure__ or ():
+      try:
+        content = cell.cell_contents
+      except ValueError:  # an empty cell
+        continue
+      if _is_jax_internal(value) and not isinstance(content, _RULES):
+        continue  # JAX's per-call state (its trace, avals, caches)
+      cells.append(_fingerprint(content, depth + 1))
+    return ("function", value.__code__, tuple(cells))
+  if isinstance(value, _PLAIN):
+    return ("value", type(value), value)
+  if isinstance(value, tuple):
+    return ("tuple", tuple(_fingerprint(v, depth + 1) for v in value))
+  return ("id", id(value))
+
+
+def _is_jax_internal(fn: types.FunctionType) -> bool:
+  return (getattr(fn, "__module__", "") or "").startswith("jax.")
