@@ -629,3 +629,17 @@ def test_is_linen_remat_knows_flax_lifted_checkpoint_classes():
   assert compat.is_linen_remat(nn.checkpoint(Block)())
   assert not compat.is_linen_remat(Block())
   assert not compat.is_linen_remat(nn.jit(Block)())
+
+
+@pytest.mark.pins_mode
+def test_remat2_refuses_to_keep_a_complex_value_as_recognised():
+  """With remat3 off, JAX rounds each kept value with reduce_precision,
+  which refuses complex64: the analyzer reads that refusal as the policy's
+  (another policy of the same program may run)."""
+  with compat.remat3(False), pytest.raises(TypeError) as caught:
+    region = jax.checkpoint(
+        lambda x: jnp.abs(jnp.sin(jnp.exp(x.astype(jnp.complex64) * (1 + 2j)))),
+        policy=jax.checkpoint_policies.everything_saveable)
+    jax.make_jaxpr(jax.grad(lambda x: region(x).sum()))(jnp.ones(4))
+  assert compat.is_reduce_precision_refusal(caught.value)
+  assert not compat.is_reduce_precision_refusal(TypeError("other"))

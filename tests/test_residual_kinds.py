@@ -9,6 +9,7 @@ but the arguments, as JAX's list does.
 
 import dataclasses
 import json
+import warnings
 
 import flax.linen as nn
 import jax
@@ -180,3 +181,36 @@ def test_an_argument_is_named_after_where_it_sits_in_any_pytree():
               "[0][0].weight": "0", "[0][1].weight": "1",
               "[1]['params']['head']['kernel']": "head", "[2]": ""}
 
+
+
+@rt.remat
+def _complex_block(x):
+  """A complex value inside a region (as a complex rotary embedding makes)."""
+  z = jnp.exp(x.astype(jnp.complex64) * (1 + 2j))
+  return jnp.abs(jnp.sin(z))
+
+
+def complex_loss(x):
+  return _complex_block(x).sum()
+
+
+def test_a_complex_value_inside_a_region_is_analysed(remat_mode):
+  """JAX keeps the region's input only under boundary-only: so does the
+  report. With remat3 off, JAX refuses save-everything (it rounds each kept
+  value with reduce_precision, which refuses complex64): that policy alone
+  is refused, with a ValueError naming it, and compare skips it; the rest,
+  and the figures relative to no remat, stand."""
+  report = rt.analyze(complex_loss, X, policy="boundary-only")
+  assert kinds(report) == jax_kinds(complex_loss, (X,), "boundary-only")
+  with warnings.catch_warnings(record=True) as said:
+    warnings.simplefilter("always")
+    comparison = rt.compare(complex_loss, X,
+                            policies=["boundary-only", "save-everything"])
+  assert "boundary-only" in comparison.reports
+  if remat_mode:
+    assert not comparison.skipped
+    return
+  assert list(comparison.skipped) == ["save-everything"]
+  assert any("reduce_precision" in str(w.message) for w in said)
+  with pytest.raises(ValueError, match="'save-everything'.*jax_remat3 on"):
+    rt.analyze(complex_loss, X, policy="save-everything")

@@ -35,9 +35,11 @@ from remat_toolkit._src.analysis import report as _report
 from remat_toolkit._src.analysis.peak import StepBuilder
 from remat_toolkit._src.analysis.peak import program_peak
 from remat_toolkit._src.analysis.peak import require_float_leaf
+from remat_toolkit._src.analysis.trace import PolicyRefused
 from remat_toolkit._src.analysis.trace import TracedProgram
 from remat_toolkit._src.core.checks import check_flag
 from remat_toolkit._src.policies import resolve
+from remat_toolkit._src.policies.findings import Finding
 from remat_toolkit._src.policies.findings import warn_once
 from remat_toolkit._src.policies.policy import Policy
 from remat_toolkit._src.policies.resolve import PolicyLike
@@ -116,8 +118,9 @@ def compare(fn: Callable[..., Any], *args: Any,
     ``UserWarning``) name the policies whose figures are not their own, and
     with ``peak`` the peaks' findings (XLA's own remat, a prediction off
     XLA's figure...).
-    Policies this JAX cannot run now (offloading under ``jax_remat3``) are
-    in its ``skipped``, each with the reason, also raised once.
+    Policies this JAX cannot run now (offloading under ``jax_remat3``; with
+    it off, one that keeps a value JAX will not round, such as a complex
+    one) are in its ``skipped``, each with the reason, also raised once.
 
   Raises:
     ValueError: an unknown policy name, non-scalar loss, no float argument
@@ -159,7 +162,13 @@ def compare(fn: Callable[..., Any], *args: Any,
   # Diagnosed once for the program and once per policy; every report and
   # the comparison's own warnings are composed from these.
   found = _report.program_findings(program)
-  measured = {p.name: program.measure(p, compile=compile) for p in runnable}
+  measured = {}
+  for p in list(runnable):
+    try:
+      measured[p.name] = program.measure(p, compile=compile)
+    except PolicyRefused as refused:  # JAX's limit under this policy alone
+      runnable.remove(p)
+      skipped[p.name] = Finding(str(refused), "unrunnable", p.name)
   said = {p.name: _report.policy_findings(program, p, measured[p.name])
           for p in runnable}
   reports = {p.name: _report.compose_report(program, p, measured[p.name],

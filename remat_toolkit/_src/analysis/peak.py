@@ -247,6 +247,8 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
                  compile: bool = False, kept_bytes: int | None = None) -> Peak:
   """The :class:`Peak` of ``policy`` on a traced program (nothing raised)."""
   program = builder.program
+  if kept_bytes is None:  # first: a policy JAX refuses is said clearly here
+    kept_bytes = _kept_bytes(program.residuals(policy))
   step, args, donate = builder.function(policy)
   closed = jax.make_jaxpr(step)(*args)
   # remat3 leaves dead recomputation in the traced step; XLA drops it.
@@ -267,8 +269,6 @@ def program_peak(builder: StepBuilder, policy: Policy, *,
       for v in predicted.live)
   where = _clean_path(predicted.module_path, program.root) or "the top level"
   when = f"{'backward' if predicted.backward else 'forward'} of {where}"
-  if kept_bytes is None:
-    kept_bytes = _kept_bytes(program.residuals(policy))
   found: list[Finding] = []
   xla_bytes = xla_live = flags = None
   if compile:

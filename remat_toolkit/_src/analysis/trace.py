@@ -53,12 +53,17 @@ from remat_toolkit._src.results.analysis import RecomputedKernel
 from remat_toolkit._src.results.analysis import Residual
 from remat_toolkit._src.results.analysis import kept_bytes
 
-__all__ = ["TracedProgram", "Measurement", "cpu_scheduler_setting"]
+__all__ = ["TracedProgram", "Measurement", "PolicyRefused", "cpu_scheduler_setting"]
 
 _CUDNN_REFUSAL = (
     "the model calls a cuDNN kernel (jax.nn.dot_product_attention with "
     "implementation='cudnn'), which JAX cannot trace without a GPU; analyse it "
     "with implementation='xla' (or None), or run the analysis on a GPU.")
+
+
+class PolicyRefused(ValueError):
+  """JAX cannot differentiate the program under one policy (JAX's limit,
+  not the program's: other policies may run)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,6 +421,15 @@ class TracedProgram:
         self._steps[key] = _residuals.trace_training_step(
             jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
             kernels=bool(self.kernel_sites))
+    except TypeError as e:
+      if not compat.is_reduce_precision_refusal(e):
+        raise
+      raise PolicyRefused(
+          f"JAX cannot differentiate fn under {policy.name!r}: with jax_remat3 "
+          f"off it rounds each value a remat region keeps with "
+          f"reduce_precision, which refuses this one ({e}). Choose a policy "
+          "that keeps no such value (boundary-only keeps only the regions' "
+          "inputs), or turn jax_remat3 on.") from None
     except NotImplementedError as e:
       # JAX's remat refuses some effects (io_callback) inside a region.
       sites = _regions.effects_in_remat_regions(self.jaxpr.jaxpr)
@@ -454,14 +468,21 @@ class TracedProgram:
     if self._baseline_step is None:
       if compat.remat3_enabled():
         # jax 0.10's remat3 everything_saveable recomputes un-named values.
-        jaxpr = _regions.inline_regions(self.jaxpr.jaxpr, self._markers)
-        with _sharding.tracing(self._layout):
-          self._baseline_step = _residuals.trace_training_step(
-              jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
-              kernels=bool(self.kernel_sites))
+        self._baseline_step = self._inlined_step()
       else:
-        self._baseline_step = self.step(SAVE_EVERYTHING)
+        try:
+          self._baseline_step = self.step(SAVE_EVERYTHING)
+        except PolicyRefused:  # a value JAX will not keep (a complex one)
+          self._baseline_step = self._inlined_step()
     return self._baseline_step
+
+  def _inlined_step(self) -> _residuals.TracedStep:
+    """The training step of the program with its ambient regions inlined."""
+    jaxpr = _regions.inline_regions(self.jaxpr.jaxpr, self._markers)
+    with _sharding.tracing(self._layout):
+      return _residuals.trace_training_step(
+          jaxpr, self.jaxpr.consts, self._leaves, self.forward_flops,
+          kernels=bool(self.kernel_sites))
 
   def recomputed_kernels(self, policy: Policy) -> tuple[RecomputedKernel, ...]:
     """The kernels whose forward runs again in the backward pass under

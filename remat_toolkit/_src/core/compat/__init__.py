@@ -51,6 +51,7 @@ from remat_toolkit._src.core.compat.flags import has_custom_vjp3_flag
 from remat_toolkit._src.core.compat.flags import has_remat3_flag
 from remat_toolkit._src.core.compat.flags import has_trace_key_context
 from remat_toolkit._src.core.compat.flags import is_cudnn_unavailable
+from remat_toolkit._src.core.compat.flags import is_reduce_precision_refusal
 from remat_toolkit._src.core.compat.flags import remat3
 from remat_toolkit._src.core.compat.flags import remat3_enabled
 from remat_toolkit._src.core.compat.flags import trace_key
@@ -134,8 +135,9 @@ __all__ = [
     "saved_residuals", "is_computed", "is_nested_jit_argument",
     "enclosing_remat", "remat3_enabled", "remat3",
     "has_remat3_flag", "has_custom_vjp3_flag", "custom_vjp3_enabled",
-    "is_cudnn_unavailable", "remat3_calls_policies", "remat3_offloads",
-    "remat3_honours", "remat3_everything_keeps_unnamed", "offloading_unsupported",
+    "is_cudnn_unavailable", "is_reduce_precision_refusal",
+    "remat3_calls_policies", "remat3_offloads", "remat3_honours",
+    "remat3_everything_keeps_unnamed", "offloading_unsupported",
     "offloading_refusal", "jax_policy_offloads", "jax_policy", "policy_marker",
     "checkpoint_name_of", "is_remat", "is_scan", "scan_num_carry", "remat_policy_of",
     "remat_body_of", "with_remat", "bind_remat", "is_scope", "module_scopes",

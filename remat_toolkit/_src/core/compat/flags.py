@@ -16,8 +16,8 @@ import jax
 
 __all__ = [
     "has_remat3_flag", "remat3_enabled", "has_custom_vjp3_flag", "custom_vjp3_enabled",
-    "is_cudnn_unavailable", "remat3", "has_trace_key_context", "trace_key",
-    "trace_key_part", "fresh_trace_key",
+    "is_cudnn_unavailable", "is_reduce_precision_refusal", "remat3",
+    "has_trace_key_context", "trace_key", "trace_key_part", "fresh_trace_key",
 ]
 
 
@@ -51,6 +51,14 @@ def has_custom_vjp3_flag() -> bool:
 def custom_vjp3_enabled() -> bool:
   """Whether ``jax_custom_vjp3`` is on (see :func:`has_custom_vjp3_flag`)."""
   return has_custom_vjp3_flag() and bool(_config.jax_custom_vjp3)
+
+
+def is_reduce_precision_refusal(err: BaseException) -> bool:
+  """Whether ``err`` is remat2 refusing a value a region keeps: JAX rounds
+  each kept value with ``reduce_precision`` (so the backward pass reads
+  the forward's bits), which takes floating-point values only (a kept
+  ``complex64`` fails)."""
+  return isinstance(err, TypeError) and "reduce_precision does not accept" in str(err)
 
 
 def is_cudnn_unavailable(err: BaseException) -> bool:
