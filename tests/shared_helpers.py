@@ -72,6 +72,10 @@ test using a name outside its module's ``__all__``.
   of XLA's compiled text, on a hand-written module whose instructions XLA
   made without op metadata (a fusion, a convert), which a small program's
   compile may not produce on every release.
+- ``test_plan_peak.py``: ``planning.peak_search``, ``planning.search``
+  -- white-box: the peak search with XLA's figures made up, where XLA's
+  figure does not grow with the kept bytes (which a small program's compile
+  on this machine may not show).
 - ``test_verify.py``: ``analysis.verify`` -- white-box: the norm-wise gradient
   comparison, whose edge cases (NaN, zero leaves) no small model reaches.
 - ``test_warnings.py``: ``policies.findings`` -- white-box: the one switch that

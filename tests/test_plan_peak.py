@@ -8,12 +8,16 @@ or with XLA's own ``memory_analysis`` of ``jax.jit(jax.grad(loss))``, never
 with a number written here.
 """
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import pytest
 from shared_helpers import xla_step_bytes
 
 import remat_toolkit as rt
+from remat_toolkit._src.planning.peak_search import search_peak
+from remat_toolkit._src.planning.search import Outcome
 
 S = jax.ShapeDtypeStruct
 D, H, B, L = 64, 256, 128, 4
@@ -120,3 +124,29 @@ def test_a_train_step_budget_holds_the_optimizer_state():
   assert p.peak_bytes == rt.peak(loss, *ARGS, policy=p.policy,
                                  optimizer="adamw").bytes
   assert p.peak_bytes <= step_most
+
+
+def test_with_compile_a_candidate_xla_fits_is_found_where_the_winner_does_not():
+  """XLA's figure need not grow with the kept bytes: when the predicted
+  winner is over the budget by XLA's figure, and nothing keeping less fits,
+  a named policy that fits both by its prediction and by XLA's is taken,
+  rather than saying that nothing fits."""
+  # name: (kept bytes, recompute cost, predicted peak, XLA's peak)
+  table = {"least recompute": (10, 0.0, 90, 120), "named": (20, 1.0, 95, 99)}
+
+  def describe(name):
+    kept, cost, _, _ = table[name]
+    return Outcome(None, kept, 0, 0, cost, {}), name, name
+
+  def peaks(policy, outcome, label, compile=False):
+    _, _, predicted, xla = table[policy]
+    return SimpleNamespace(bytes=predicted, xla_bytes=xla if compile else None)
+
+  def solve(limit):  # the search's own plans: only one keeps so little
+    return "least recompute" if limit >= 10 else None
+
+  found = search_peak(peaks, solve, describe, 0, 10, 100, compile=True,
+                      others=["named"])
+  assert found == "named"
+  assert search_peak(peaks, solve, describe, 0, 10, 100, compile=False,
+                     others=["named"]) == "least recompute"

@@ -171,10 +171,19 @@ def search_peak(peaks: StepPeaks, solve: Callable[[int], _Found | None],
   fitting = [c for c in others if predicted(c) <= limit]
   if best is not None:
     fitting.append(best)
-  best = min(fitting, key=lambda c: describe_found(c)[0].key(),
-             default=None)
+  def preference(found: _Found) -> Any:
+    return describe_found(found)[0].key()
+
+  best = min(fitting, key=preference, default=None)
   if compile and best is not None and xla(best) > limit:
-    best = largest_fitting(solve, xla, kept, lo, kept(best) - 1, limit)
+    # XLA's figure need not grow with the kept bytes (boundary-only keeps
+    # least and can have XLA's largest peak): the bisection below the
+    # winner competes with every other candidate whose prediction fits,
+    # each compiled in turn, the preferred first.
+    below = largest_fitting(solve, xla, kept, lo, kept(best) - 1, limit)
+    rest = [c for c in fitting if c is not best] + ([below] if below else [])
+    best = next((c for c in sorted(rest, key=preference) if xla(c) <= limit),
+                None)
   return best
 
 
