@@ -543,7 +543,9 @@ def predict_peak(jaxpr: Jaxpr, arg_phases: Sequence[str], *,
   """The peak bytes of ``jaxpr`` as one XLA program, and what is live then.
 
   Args:
-    jaxpr: the whole step (its constvars count as arguments).
+    jaxpr: the whole step (its constvars, the arrays it closes over, are
+      the compiled program's constants: not counted, as XLA's figure does
+      not count them).
     arg_phases: the phase of each invar (``"parameter"``, ``"input"``,
       ``"optimizer state"``).
     out_phases: the phase of each outvar (default ``"gradient"``).
@@ -606,8 +608,9 @@ def _read_inputs(jaxpr: Jaxpr) -> set[int]:
 
 def _arguments(jaxpr: Jaxpr, phases: Sequence[str],
                paths: Sequence[str] | None, read: set[int]) -> list[LiveValue]:
-  out = [LiveValue(_shape(v.aval), _dtype(v.aval), nbytes_of(v.aval), "input",
-                   "", None, "constant") for v in jaxpr.constvars]
+  # Closed-over arrays (constvars) are constants of the compiled program,
+  # outside the argument, output and temporary bytes: not counted.
+  out: list[LiveValue] = []
   for k, v in enumerate(jaxpr.invars):
     if k not in read:
       continue
@@ -644,7 +647,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _transients(sim: _Simulation) -> list[LiveValue]:
   values, ops = sim.program.values, sim.program.ops
-  out = []
+  out: list[LiveValue] = []
   for v, size in sorted(sim.peak_set.items(), key=lambda kv: -kv[1]):
     if not size:  # written in an output's buffer
       continue
