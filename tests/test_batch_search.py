@@ -9,6 +9,8 @@ here directly, through the module's ``__all__``: the public
 """
 
 import jax
+import jax.numpy as jnp
+import optax
 import pytest
 from shared_helpers import offloading_unsupported
 from shared_helpers import remat3
@@ -141,3 +143,17 @@ def test_an_offloading_policy_that_cannot_run_is_refused():
     with pytest.raises(ValueError,
                        match="Policy 'offload-qkv' offloads to host memory, but"):
       step_memory(scanned_loss, *make_args(abstract=True), policy="offload-qkv")
+
+
+def test_the_optimizer_is_taken_by_name_as_peak_and_plan_take_it():
+  """``optimizer="sgd"`` is optax's sgd, as in rt.peak, rt.plan and
+  rt.memory_breakdown; an unknown name is refused with the known ones."""
+  loss = lambda w, b: jnp.mean((b @ w) ** 2)  # noqa: E731
+  args = (jax.ShapeDtypeStruct((4, 4), jnp.float32),
+          jax.ShapeDtypeStruct((1, 4), jnp.float32))
+  options = dict(budget="2KiB", max_batch=64, policies=[], progress=False)
+  named = rt.largest_batch(loss, *args, optimizer="sgd", **options)
+  given = rt.largest_batch(loss, *args, optimizer=optax.sgd(1e-3), **options)
+  assert named.fits["save-everything"] == given.fits["save-everything"]
+  with pytest.raises(ValueError, match="'nadam-ish'.*adamw"):
+    rt.largest_batch(loss, *args, optimizer="nadam-ish", **options)

@@ -135,7 +135,8 @@ def test_largest_batch_stops_at_the_cap_and_at_nothing_fits():
     ({"grad_accum": 3}, ValueError, "8 examples"),
     ({"grad_accum": []}, ValueError, "grad_accum"),
     ({"seq": 32}, ValueError, "built-in"),
-    ({"optimizer": "adam"}, TypeError, "optax"),
+    ({"optimizer": "adamish"}, ValueError, "'adamish'.*adamw"),
+    ({"optimizer": 1e-3}, TypeError, "optax"),
 ])
 def test_bench_rejects_bad_input(kwargs, error, match):
   params, batch = make_args()

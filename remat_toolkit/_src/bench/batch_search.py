@@ -53,7 +53,7 @@ def step_memory(model: Model = DEFAULT_MODEL, *args: Any,
                 seq: int | None = None, dtype: str | None = None,
                 scan: bool | None = None, group: int | str | None = None,
                 framework: str | None = None,
-                optimizer: optax.GradientTransformation | None = None
+                optimizer: optax.GradientTransformation | str | None = None
                 ) -> dict[str, int]:
   """XLA's memory figures of one compiled training step (nothing runs).
 
@@ -68,7 +68,9 @@ def step_memory(model: Model = DEFAULT_MODEL, *args: Any,
     scan: built-in models only: scan the layers.
     group: built-in models only: blocks per remat region, or ``"sqrt"``.
     framework: built-in models only: ``"linen"`` (default) or ``"nnx"``.
-    optimizer: default ``optax.adamw(1e-3)``.
+    optimizer: an optax ``GradientTransformation`` or a name
+      (``"adam"``, ``"sgd"``: :func:`remat_toolkit.memory_breakdown`'s);
+      default ``optax.adamw(1e-3)``.
 
   Raises:
     ValueError: an unknown policy, or one that cannot run on this JAX.
@@ -210,7 +212,7 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
                   scan: bool | None = None, group: int | str | None = None,
                   framework: str | None = None,
                   max_batch: int = _DEFAULT_MAX_BATCH,
-                  optimizer: optax.GradientTransformation | None = None,
+                  optimizer: optax.GradientTransformation | str | None = None,
                   time_limit_s: float | None = None,
                   progress: bool = True) -> BatchSearch:
   """Per policy, the largest micro-batch whose compiled step fits ``budget``.
@@ -242,7 +244,9 @@ def largest_batch(model: Model = DEFAULT_MODEL, *args: Any,
     group: built-in models only: blocks per remat region, or ``"sqrt"``.
     framework: built-in models only: ``"linen"`` (default) or ``"nnx"``.
     max_batch: the largest size tried.
-    optimizer: default ``optax.adamw(1e-3)``.
+    optimizer: an optax ``GradientTransformation`` or a name
+      (``"adam"``, ``"sgd"``: :func:`remat_toolkit.memory_breakdown`'s);
+      default ``optax.adamw(1e-3)``.
     time_limit_s: start no further policy's search once this many seconds
       have passed (the baseline's always runs); the rest are listed in
       ``skipped``. Default: no limit.

@@ -126,7 +126,7 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
           group: int | str | None = None, framework: str | None = None,
           steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
           grad_accum: int | Sequence[int] = 1,
-          optimizer: optax.GradientTransformation | None = None,
+          optimizer: optax.GradientTransformation | str | None = None,
           tokens_per_example: int | None = None, seed: int = 0,
           time_limit_s: float | None = None,
           progress: bool = True) -> BenchResult:
@@ -158,7 +158,9 @@ def bench(model: Model = DEFAULT_MODEL, *args: Any,
     warmup: untimed steps before them.
     grad_accum: micro-batches per update, or several values to compare
       (each runs every policy on the same global batch).
-    optimizer: default ``optax.adamw(1e-3)``.
+    optimizer: an optax ``GradientTransformation`` or a name
+      (``"adam"``, ``"sgd"``: :func:`remat_toolkit.memory_breakdown`'s);
+      default ``optax.adamw(1e-3)``.
     tokens_per_example: user models: tokens in one example (default: axis 1
       of the first integer ``[batch, seq]`` leaf, else 1).
     seed: seeds a built-in model's parameters and tokens.

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from remat_toolkit._src.analysis.breakdown import resolve_optimizer
 from remat_toolkit._src.core import inputs
 
 __all__ = ["Workload", "Model", "DEFAULT_MODEL", "build_workload",
@@ -69,7 +70,8 @@ class Workload:
 
 def build_workload(model: Model, args: tuple, *, batch: int | None,
                    build: Mapping[str, Any],
-                   optimizer: optax.GradientTransformation | None, seed: int,
+                   optimizer: optax.GradientTransformation | str | None,
+                   seed: int,
                    tokens_per_example: int | None, abstract: bool = False,
                    default_batch: Callable[[int], int] = lambda b: b
                    ) -> Workload:
@@ -81,7 +83,9 @@ def build_workload(model: Model, args: tuple, *, batch: int | None,
     args: ``(params, batch)`` for a user loss, else empty.
     batch: built-in models only: examples per step.
     build: built-in models only: ``models.build_loss`` options.
-    optimizer: default ``optax.adamw(1e-3)``.
+    optimizer: an optax ``GradientTransformation`` or a name
+      (``"adam"``, ``"sgd"``: :func:`remat_toolkit.memory_breakdown`'s);
+      default ``optax.adamw(1e-3)``.
     seed: seeds a built-in model's parameters and tokens.
     tokens_per_example: user models: tokens in one example.
     abstract: keep the arguments abstract (nothing will run).
@@ -91,11 +95,8 @@ def build_workload(model: Model, args: tuple, *, batch: int | None,
     TypeError: a model, argument or optimizer of the wrong kind.
     ValueError: options that do not apply, or a batch without a batch axis.
   """
-  optimizer = optimizer or optax.adamw(_DEFAULT_LEARNING_RATE)
-  if not isinstance(optimizer, optax.GradientTransformation):
-    raise TypeError(
-        f"optimizer must be an optax.GradientTransformation, got {optimizer!r}; "
-        "e.g. optimizer=optax.adamw(1e-3).")
+  optimizer = (optax.adamw(_DEFAULT_LEARNING_RATE) if optimizer is None
+               else resolve_optimizer(optimizer)[0])
   if _is_builtin(model):
     if args:
       raise TypeError(
