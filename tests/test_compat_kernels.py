@@ -329,6 +329,16 @@ def _sine_kernel(kept):
   return kernel
 
 
+def _defaulted_kernel(kept):
+  """A kernel whose rules take what they keep as a default argument."""
+  @jax.custom_vjp
+  def kernel(x):
+    return jnp.sin(x)
+  kernel.defvjp(lambda x, k=kept: (jnp.sin(x), (jnp.cos(x), x)[:k]),
+                lambda residuals, g: (g * residuals[0],))
+  return kernel
+
+
 @pytest.mark.parametrize("custom_vjp3", [False, True], ids=["cvjp2", "cvjp3"])
 def test_rule_fingerprints_tell_kernels_apart_by_what_they_compute(custom_vjp3):
   """custom_vjp and custom_jvp calls carry their rules behind JAX's per-call
@@ -343,15 +353,18 @@ def test_rule_fingerprints_tell_kernels_apart_by_what_they_compute(custom_vjp3):
     jax.config.update("jax_custom_vjp3", custom_vjp3)
   try:
     one, one_again, two = _sine_kernel(1), _sine_kernel(1), _sine_kernel(2)
+    by_default = [_defaulted_kernel(k) for k in (1, 2)]
     closed = jax.make_jaxpr(lambda x: one(one(x)) + one_again(x) + two(x)
                             + jax.nn.relu(jax.nn.relu(x)) + jax.nn.softplus(x)
+                            + by_default[0](x) + by_default[1](x)
                             )(jnp.ones(3))
   finally:
     if compat.has_custom_vjp3_flag():
       jax.config.update("jax_custom_vjp3", before)
   found = [compat.rule_fingerprint(e) for e in _jaxpr.walk(closed.jaxpr)]
   ruled = [f for f in found if f]
-  assert len(ruled) == 7, found
+  assert len(ruled) == 9, found
   kernels, relus, softplus = ruled[:4], ruled[4:6], ruled[6]
   assert kernels[0] == kernels[1] == kernels[2] != kernels[3]
   assert relus[0] == relus[1] != softplus
+  assert ruled[7] != ruled[8]  # one rule's code, other default arguments

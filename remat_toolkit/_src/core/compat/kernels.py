@@ -306,9 +306,10 @@ def rule_fingerprint(eqn: JaxprEqn) -> tuple[Any, ...]:
   names them (``bwd=flash_bwd``) but does not show them, so two calls of
   two different ``custom_vjp`` functions with one primal print alike.
 
-  A rule is fingerprinted by its code and the values it closes over, not by
-  identity: a kernel made anew per layer (a ``custom_vjp`` defined inside a
-  function) gives one fingerprint for every layer. JAX's own per-call
+  A rule is fingerprinted by its code, the values it closes over and its
+  default arguments, not by identity: a kernel made anew per layer (a
+  ``custom_vjp`` defined inside a function) gives one fingerprint for every
+  layer. JAX's own per-call
   wrappers are looked through to the rules they wrap. An object that cannot
   be compared by value counts by identity, so two calls whose rules cannot
   be told apart are never taken for one. Empty for an equation without
@@ -346,7 +347,11 @@ def _fingerprint(value: Any, depth: int) -> Any:
       if _is_jax_internal(value) and not isinstance(content, _RULES):
         continue  # JAX's per-call state (its trace, avals, caches)
       cells.append(_fingerprint(content, depth + 1))
-    return ("function", value.__code__, tuple(cells))
+    defaults = (value.__defaults__ or (), value.__kwdefaults__ or {})
+    return ("function", value.__code__, tuple(cells),
+            _fingerprint(defaults[0], depth + 1),
+            tuple(sorted((k, _fingerprint(v, depth + 1))
+                         for k, v in defaults[1].items())))
   if isinstance(value, _PLAIN):
     return ("value", type(value), value)
   if isinstance(value, tuple):
