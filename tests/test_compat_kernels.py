@@ -5,6 +5,8 @@ Pallas calls and kernel marks, cuDNN's refusal on a machine without a GPU.
 Part of the compatibility layer's pins (``test_compat.py``).
 """
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -294,20 +296,28 @@ def _sin_power_bwd(n, res, g):
   return (n * s ** (n - 1) * c * g,)
 
 
-@pytest.mark.parametrize("custom_vjp3", [False, True], ids=["cvjp2", "cvjp3"])
-def test_custom_vjp_rules_read_either_class(custom_vjp3):
-  if custom_vjp3 and not compat.has_custom_vjp3_flag():
+@contextlib.contextmanager
+def _custom_vjp3(on):
+  """jax_custom_vjp3 set to ``on`` inside the block (the test skipped where
+  this JAX has no such flag and ``on`` asks for it), then restored."""
+  if on and not compat.has_custom_vjp3_flag():
     pytest.skip("this JAX has no jax_custom_vjp3")
   before = compat.custom_vjp3_enabled()
   if compat.has_custom_vjp3_flag():
-    jax.config.update("jax_custom_vjp3", custom_vjp3)
+    jax.config.update("jax_custom_vjp3", on)
   try:
-    kernel = jax.custom_vjp(_sin_power, nondiff_argnums=(0,))
-    undefined = compat.custom_vjp_rules(kernel)
-    kernel.defvjp(_sin_power_fwd, _sin_power_bwd, optimize_remat=True)
+    yield
   finally:
     if compat.has_custom_vjp3_flag():
       jax.config.update("jax_custom_vjp3", before)
+
+
+@pytest.mark.parametrize("custom_vjp3", [False, True], ids=["cvjp2", "cvjp3"])
+def test_custom_vjp_rules_read_either_class(custom_vjp3):
+  with _custom_vjp3(custom_vjp3):
+    kernel = jax.custom_vjp(_sin_power, nondiff_argnums=(0,))
+    undefined = compat.custom_vjp_rules(kernel)
+    kernel.defvjp(_sin_power_fwd, _sin_power_bwd, optimize_remat=True)
   assert (undefined.fwd, undefined.bwd) == (None, None)
   rules = compat.custom_vjp_rules(kernel)
   assert rules == compat.CustomVJPRules(
@@ -346,21 +356,13 @@ def test_rule_fingerprints_tell_kernels_apart_by_what_they_compute(custom_vjp3):
   reaches the rules: one kernel called twice, or made twice alike (a kernel
   made per layer), fingerprints alike; a kernel whose rules close over
   another value does not, nor does another custom_jvp function."""
-  if custom_vjp3 and not compat.has_custom_vjp3_flag():
-    pytest.skip("this JAX has no jax_custom_vjp3")
-  before = compat.custom_vjp3_enabled()
-  if compat.has_custom_vjp3_flag():
-    jax.config.update("jax_custom_vjp3", custom_vjp3)
-  try:
+  with _custom_vjp3(custom_vjp3):
     one, one_again, two = _sine_kernel(1), _sine_kernel(1), _sine_kernel(2)
     by_default = [_defaulted_kernel(k) for k in (1, 2)]
     closed = jax.make_jaxpr(lambda x: one(one(x)) + one_again(x) + two(x)
                             + jax.nn.relu(jax.nn.relu(x)) + jax.nn.softplus(x)
                             + by_default[0](x) + by_default[1](x)
                             )(jnp.ones(3))
-  finally:
-    if compat.has_custom_vjp3_flag():
-      jax.config.update("jax_custom_vjp3", before)
   found = [compat.rule_fingerprint(e) for e in _jaxpr.walk(closed.jaxpr)]
   ruled = [f for f in found if f]
   assert len(ruled) == 9, found

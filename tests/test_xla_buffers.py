@@ -59,6 +59,16 @@ def test_an_instruction_xla_made_is_described_by_what_it_computes():
   assert peak.temp_bytes == 64 + 128
 
 
+def _module_paths(params):
+  """Every module path of a Flax model, read off its parameters' paths."""
+  paths = set()
+  for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+    keys = [k for k in keys if k not in ("params", "value")]
+    paths |= {"/".join(keys[:n]) for n in range(1, len(keys))}
+  return paths
+
+
 def test_xla_buffers_name_the_models_own_modules():
   """Each buffer XLA holds at its peak names a module of the model, as the
   prediction's ``live`` does: the remat region's scope, which JAX writes
@@ -66,13 +76,8 @@ def test_xla_buffers_name_the_models_own_modules():
   an einsum's spec, which names no module, left out."""
   fn, args = models.build_loss("tiny")
   p = rt.peak(fn, *args, policy="boundary-only", compile=True)
-  params = args[0]
-  modules = set()
-  for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
-    keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
-    keys = [k for k in keys if k not in ("params", "value")]
-    modules |= {"/".join(keys[:n]) for n in range(1, len(keys))}
-  modules.add("embed.attend")  # the embedding's method, the tied output layer
+  # the embedding's method, the tied output layer, names a module too
+  modules = _module_paths(args[0]) | {"embed.attend"}
   named = {b.module_path for b in p.xla_live
            if b.phase in ("forward", "backward") and b.module_path}
   assert named, p.xla_live
@@ -113,14 +118,6 @@ class _T5Like(nn.Module):
   @nn.compact
   def __call__(self, x):
     return _Blocks(name="block")(x)
-
-
-def _module_paths(params):
-  paths = set()
-  for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
-    keys = [str(getattr(k, "key", k)) for k in path][1:]  # drop "params"
-    paths |= {"/".join(keys[:n]) for n in range(1, len(keys))}
-  return paths
 
 
 def test_a_name_met_again_deeper_is_not_taken_for_a_repeat():
